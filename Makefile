@@ -1,0 +1,37 @@
+# `make test` and `make demo` set everything up on a fresh machine (a .venv in this folder), then run.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
+
+# On a machine with an NVIDIA GPU take the default (CUDA) torch; everywhere else the CPU build that pip
+# finds on local disk (asking for any other version would pull a multi-GB CUDA build).
+HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
+TORCH   := $(if $(HAS_GPU),torch,torch==2.13.0)
+
+.PHONY: setup test test-fast demo lint clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) "$(TORCH)" 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
+	$(PIP) -e ".[triton,peft,analysis,dev]" 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
+	$(PY) -c "import torch, transformers, gated_qwen, peft, triton, hypothesis, matplotlib"
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
+demo: $(STAMP)
+	$(VENV)/bin/gated-qwen reproduce
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis
