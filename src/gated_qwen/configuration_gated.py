@@ -179,6 +179,7 @@ class GatedQwenConfig(PreTrainedConfig):
                 for i in range(self.num_hidden_layers)
             ]
         self._validate_gate()
+        self.base_model_tp_plan = self._tp_plan_with_gate()
         if getattr(self, "auto_map", None) is None and "auto_map" not in kwargs:
             self.auto_map = dict(AUTO_MAP)
         super().__post_init__(**kwargs)
@@ -288,6 +289,32 @@ class GatedQwenConfig(PreTrainedConfig):
         heads = 1 if self.gate_shared_across_heads else heads
         width = self.head_dim if self.gate_granularity == "elementwise" else 1
         return heads, width
+
+    def _tp_plan_with_gate(self) -> dict[str, str]:
+        """The tensor-parallel plan (`tp_plan="auto"`) with the rules this gate variant needs.
+
+        TP splits the attention heads across ranks. A per-head gate (G1-G4, head-specific) is split with them: its
+        rows are laid out per head, so a colwise shard of `g_proj` (or a row shard of `gate_logits`) holds exactly
+        the local heads' gates. A head-shared gate is whole on every rank but each rank's heads give only part of
+        its gradient, which is therefore summed across ranks (as for `q_norm`, and for the per-head `sdpa_norm`
+        control). A G5 gate acts on `o_proj`'s all-reduced output: whole on every rank, nothing to sum.
+        """
+        attn = "layers.*.self_attn"
+        gate_rules = (f"{attn}.g_proj", f"{attn}.gate_logits", attn)
+        plan = {k: v for k, v in self.base_model_tp_plan.items() if k not in gate_rules}
+        if self.sdpa_output_transform == "rmsnorm":
+            plan[f"{attn}.sdpa_norm"] = "replicated_with_grad_allreduce"
+        if self.gate_position is None or self.gate_position == "dense":
+            return plan
+        if self.gate_input_dependent:
+            # "head_shared_gate" (registered in modeling_gated.py) sums the gradient of the scores across ranks.
+            plan[f"{attn}.g_proj"] = "head_shared_gate" if self.gate_shared_across_heads else "colwise"
+        elif self.gate_shared_across_heads:
+            plan[attn] = "replicated_with_grad_allreduce"  # sums the gradient of the module's own `gate_logits`
+        else:
+            plan[f"{attn}.gate_logits"] = "colwise"
+            plan[attn] = "local_params"  # the module computes with its local rows of `gate_logits`
+        return plan
 
     def gate_parameters_per_layer(self) -> int:
         """Parameters one gated layer adds: `hidden * heads * width` (+ bias) for an input-dependent gate."""

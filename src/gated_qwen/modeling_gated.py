@@ -25,7 +25,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, dynamic_rope_update
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel, slice_logits_to_keep
 from transformers.processing_utils import Unpack
-from transformers.utils import TransformersKwargs, can_return_tuple
+from transformers.utils import TransformersKwargs, can_return_tuple, is_torch_distributed_available
 from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import capture_outputs
@@ -212,7 +212,8 @@ class GatedQwenAttention(nn.Module):
     def _gate_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """`hidden_states: [B, S, hidden]` -> logits `[B, S, heads, width]` (`[heads, width]` if input-independent)."""
         if hasattr(self, "g_proj"):
-            return self.g_proj(hidden_states).view(*hidden_states.shape[:-1], *self.gate_shape)
+            # -1, not gate_shape[0]: under tensor parallelism g_proj holds only this rank's heads.
+            return self.g_proj(hidden_states).view(*hidden_states.shape[:-1], -1, self.gate_shape[1])
         return self.gate_logits
 
     def _apply_gate(self, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
@@ -477,6 +478,20 @@ class GatedQwenForCausalLM(GatedQwenPreTrainedModel, GenerationMixin):
 
 class GatedQwenForSequenceClassification(GenericForSequenceClassification, GatedQwenPreTrainedModel):
     pass
+
+
+# Tensor parallelism (`tp_plan="auto"`, see `GatedQwenConfig._tp_plan_with_gate`) splits the heads across ranks. A
+# head-shared gate is whole on every rank, but each rank's heads give only part of the gradient of its scores: this
+# style sums that gradient across ranks in the backward pass (the forward pass is unchanged).
+if is_torch_distributed_available():
+    from transformers.distributed.parallel_utils import ALL_PARALLEL_STYLES, _AllReduceBackward
+    from transformers.distributed.tensor_parallel import TensorParallelLayer
+
+    class HeadSharedGateParallel(TensorParallelLayer):
+        def transform_output_post_forward(self, module, output, mesh):
+            return _AllReduceBackward.apply(output, mesh.get_group())
+
+    ALL_PARALLEL_STYLES.register("head_shared_gate", HeadSharedGateParallel())
 
 
 __all__ = [
