@@ -1,0 +1,116 @@
+"""GatedQwenConfig validation: every refusal names the field, the bad value and what is allowed; every accepted
+config builds a model that runs forward and backward (property-based over the gate space)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
+
+SIZES = dict(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=8)
+
+
+def config(**fields) -> GatedQwenConfig:
+    return GatedQwenConfig(**{**SIZES, **fields})
+
+
+def test_defaults_are_the_papers_recommendation():
+    c = GatedQwenConfig()
+    assert (c.gate_position, c.gate_granularity, c.gate_shared_across_heads, c.gate_combine, c.gate_activation,
+            c.gate_input_dependent, c.gate_bias, c.gate_layers) == (
+        "sdpa", "elementwise", False, "multiply", "sigmoid", True, False, None)
+    assert c.gated_layers == list(range(c.num_hidden_layers))
+
+
+@pytest.mark.parametrize("alias, name", [("G1", "sdpa"), ("G2", "value"), ("g3", "key"), ("G4", "query"),
+                                         ("G5", "dense")])
+def test_paper_aliases(alias, name):
+    c = config(gate_position=alias)
+    assert c.gate_position == name
+    assert GatedQwenConfig.from_dict(c.to_dict()).gate_position == name
+
+
+@pytest.mark.parametrize(
+    "fields, named, allowed",
+    [
+        (dict(gate_position="G6"), "gate_position", "'sdpa'"),
+        (dict(gate_position="output"), "gate_position", "'dense'"),
+        (dict(gate_granularity="rowwise"), "gate_granularity", "'headwise'"),
+        (dict(gate_combine="mul"), "gate_combine", "'multiply'"),
+        (dict(gate_activation="tanh"), "gate_activation", "'ns_sigmoid'"),
+        (dict(gate_shared_across_heads="yes"), "gate_shared_across_heads", "True or False"),
+        (dict(gate_input_dependent=1), "gate_input_dependent", "True or False"),
+        (dict(gate_bias=None), "gate_bias", "True or False"),
+        (dict(gate_layers=[0, 2]), "gate_layers", "[0, 2)"),
+        (dict(gate_layers=[1, 1]), "gate_layers", "distinct"),
+        (dict(gate_layers=[]), "gate_layers", "non-empty"),
+        (dict(gate_layers="all"), "gate_layers", "None"),
+        (dict(sdpa_output_transform="layernorm"), "sdpa_output_transform", "'rmsnorm'"),
+        (dict(num_key_value_heads=3), "num_key_value_heads", "divide"),
+        (dict(head_dim=7), "head_dim", "even"),
+        (dict(hidden_size=0), "hidden_size", "positive"),
+        (dict(use_qk_norm="on"), "use_qk_norm", "True or False"),
+        (dict(gate_postion="value"), "gate_postion", "gate_position"),
+        # combinations the paper does not define
+        (dict(gate_position="dense", gate_granularity="headwise"), "gate_granularity", "no heads"),
+        (dict(gate_position="G5", gate_shared_across_heads=True), "gate_shared_across_heads", "no heads"),
+        (dict(sdpa_output_transform="rmsnorm"), "sdpa_output_transform", "without a gate"),
+        (dict(gate_input_dependent=False, gate_bias=True), "gate_bias", "redundant"),
+        (dict(gate_position=None, gate_granularity="headwise"), "gate_granularity", "no effect"),
+        (dict(gate_position=None, gate_layers=[0]), "gate_layers", "no effect"),
+    ],
+)
+def test_refusals_name_the_field_and_the_fix(fields, named, allowed):
+    with pytest.raises(ValueError) as error:
+        config(**fields)
+    message = str(error.value)
+    assert named in message and allowed in message, message
+
+
+def test_presets_build_on_the_meta_device():
+    for preset in ("dense-1.7b-28l", "dense-1.7b-48l"):
+        c = GatedQwenConfig.from_paper(preset, gate_position="G2", gate_granularity="headwise")
+        with torch.device("meta"):
+            model = GatedQwenForCausalLM(c)
+        assert model.model.layers[0].self_attn.g_proj.weight.is_meta
+        assert model.model.layers[0].self_attn.g_proj.out_features == c.num_key_value_heads
+
+
+# ------------------------------------------------------------------------------------------------ properties
+GATE_FIELDS = {
+    "gate_position": st.sampled_from([None, "sdpa", "value", "key", "query", "dense", "G1", "G5", "bogus"]),
+    "gate_granularity": st.sampled_from(["elementwise", "headwise", "scalar"]),
+    "gate_shared_across_heads": st.sampled_from([False, True, "no"]),
+    "gate_combine": st.sampled_from(["multiply", "add", "sum"]),
+    "gate_activation": st.sampled_from(["sigmoid", "silu", "ns_sigmoid", "identity", "relu"]),
+    "gate_input_dependent": st.booleans(),
+    "gate_bias": st.booleans(),
+    "gate_layers": st.sampled_from([None, [0], [1], [0, 1], [2], []]),
+    "sdpa_output_transform": st.sampled_from([None, "rmsnorm", "silu", "tanh"]),
+    "use_qk_norm": st.booleans(),
+    "num_key_value_heads": st.sampled_from([1, 2, 3, 4]),
+}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.fixed_dictionaries({}, optional=GATE_FIELDS))
+def test_every_config_either_runs_or_is_refused_by_name(fields):
+    try:
+        c = config(**fields)
+    except ValueError as error:
+        assert any(name in str(error) for name in fields), (fields, str(error))
+        return
+    torch.manual_seed(0)
+    model = GatedQwenForCausalLM(c)
+    x = torch.randint(0, 50, (2, 6))
+    out = model(x, labels=x)
+    assert out.logits.shape == (2, 6, 50) and torch.isfinite(out.loss)
+    out.loss.backward()
+    for name, param in model.named_parameters():
+        assert param.grad is not None, name
+    gated = [layer.self_attn for layer in model.model.layers if layer.self_attn.gate_position is not None]
+    assert len(gated) == len(c.gated_layers)
