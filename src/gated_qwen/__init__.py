@@ -17,6 +17,7 @@ from .modeling_gated import (
     GatedQwenModel,
     GatedQwenPreTrainedModel,
 )
+from .peft_defaults import register_peft_defaults
 
 AutoConfig.register(GatedQwenConfig.model_type, GatedQwenConfig, exist_ok=True)
 for _auto, _model in (
@@ -27,6 +28,7 @@ for _auto, _model in (
     _auto.register(GatedQwenConfig, _model, exist_ok=True)
     _model.register_for_auto_class(_auto.__name__)
 GatedQwenConfig.register_for_auto_class()
+register_peft_defaults()  # LoraConfig(task_type="CAUSAL_LM") without target_modules; a no-op without PEFT
 
 __version__ = "0.1.0"
 __all__ = [
