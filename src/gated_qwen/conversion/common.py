@@ -1,0 +1,206 @@
+"""Pieces shared by the formats: config fields, tensor bookkeeping, zero-centred norms and the G1 gate rows."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from ..configuration_gated import GatedQwenConfig
+from .io import Checkpoint, ConversionError, TensorPlan
+
+# The Qwen3 fields that every format here shares with GatedQwenConfig (same names, same meaning).
+QWEN3_FIELDS = (
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "hidden_act", "max_position_embeddings", "initializer_range", "rms_norm_eps",
+    "use_cache", "tie_word_embeddings", "rope_parameters", "attention_bias", "attention_dropout", "pad_token_id",
+    "bos_token_id", "eos_token_id",
+)
+SLIDING_FIELDS = ("use_sliding_window", "sliding_window", "max_window_layers", "layer_types")
+
+# RMSNorm weights of a Qwen3 decoder, relative to `model.` (Qwen3.5 / Qwen3-Next store all of them zero-centred).
+LAYER_NORMS = ("input_layernorm", "post_attention_layernorm", "self_attn.q_norm", "self_attn.k_norm")
+FINAL_NORM = "model.norm.weight"
+
+A7_NOTE = (
+    "Note (Qiu et al. 2025, appendix A.7): adding a gate to an already-trained model does not remove the attention "
+    "sink or the massive activations it has learned. The converted model computes what the source computes; only "
+    "further training with the gate changes that."
+)
+
+
+def source_dtype(config: dict) -> str | None:
+    """The checkpoint dtype a config.json names (`dtype`, or the older `torch_dtype`)."""
+    return config.get("dtype") or config.get("torch_dtype")
+
+
+def load_gated_config(ckpt: Checkpoint) -> GatedQwenConfig:
+    """The GatedQwenConfig of a gated_qwen folder; refuses other model types and mixture-of-experts models."""
+    model_type = ckpt.config.get("model_type")
+    if model_type != GatedQwenConfig.model_type:
+        raise ConversionError(
+            f"SRC {str(ckpt.folder)!r} has model_type={model_type!r}; `--to` converts a gated_qwen checkpoint "
+            "(model_type='gated_qwen'). To import this one use `--from` with its format."
+        )
+    config = GatedQwenConfig.from_dict(ckpt.config)
+    if getattr(config, "num_experts", 0):
+        raise ConversionError(
+            f"SRC is a mixture-of-experts GatedQwen (num_experts={config.num_experts}); this converter handles dense "
+            "models only."
+        )
+    return config
+
+
+class TensorMap:
+    """Builds an output plan from a source checkpoint and checks that every source tensor is used exactly once."""
+
+    def __init__(self, ckpt: Checkpoint):
+        self.ckpt = ckpt
+        self.used: set[str] = set()
+        self.plan: dict[str, TensorPlan] = {}
+
+    def info(self, name: str):
+        if name not in self.ckpt.tensors:
+            raise ConversionError(f"SRC has no tensor {name!r}, which this format needs.")
+        return self.ckpt.tensors[name]
+
+    def take(self, name: str) -> TensorPlan:
+        """The source tensor `name`, unchanged."""
+        info = self.info(name)
+        self.used.add(name)
+        return TensorPlan(info.shape, info.dtype, lambda: self.ckpt.get(name))
+
+    def has(self, name: str) -> bool:
+        return name in self.ckpt.tensors
+
+    def get(self, name: str) -> torch.Tensor:
+        self.info(name)
+        self.used.add(name)
+        return self.ckpt.get(name)
+
+    def drop(self, name: str) -> None:
+        self.used.add(name)
+
+    def put(self, name: str, plan: TensorPlan) -> None:
+        self.plan[name] = plan
+
+    def finish(self) -> dict[str, TensorPlan]:
+        unused = sorted(set(self.ckpt.tensors) - self.used)
+        if unused:
+            more = f" and {len(unused) - 8} more" if len(unused) > 8 else ""
+            raise ConversionError(f"SRC has tensors this format does not define: {unused[:8]}{more}.")
+        return self.plan
+
+
+def norm_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Where a norm weight is shifted by 1, 16-bit weights are stored in float32 so the shift loses nothing."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def shifted_norm(tmap: TensorMap, name: str, delta: float, out_name: str | None = None) -> None:
+    """Puts `w + delta` for the norm weight `name` (`[dim]`): -1 turns Qwen3's `x̂·w` into the zero-centred
+    `x̂·(1 + w)` of Qwen3.5/Qwen3-Next, +1 turns it back."""
+    info = tmap.info(name)
+    tmap.used.add(name)
+    dtype = norm_dtype(info.dtype)
+    tmap.put(out_name or name, TensorPlan(info.shape, dtype, lambda: (tmap.ckpt.get(name).float() + delta).to(dtype)))
+
+
+def copy_rest(tmap: TensorMap, config, rename=lambda name: name) -> None:
+    """Passes every not yet used tensor through (renamed); a tied `lm_head.weight` is dropped (the model ties it)."""
+    for name in tmap.ckpt.tensors:
+        if name in tmap.used:
+            continue
+        if name == "lm_head.weight" and config.tie_word_embeddings:
+            tmap.drop(name)  # tied models read the embedding matrix, whatever a saved lm_head holds
+            continue
+        if name.startswith("model.") or name == "lm_head.weight":
+            tmap.put(rename(name), tmap.take(name))
+    if not config.tie_word_embeddings and "lm_head.weight" not in tmap.plan:
+        raise ConversionError("SRC has no lm_head.weight and tie_word_embeddings is false: the output layer is missing.")
+
+
+LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def num_layers_in(ckpt: Checkpoint) -> int:
+    layers = {int(m.group(1)) for name in ckpt.tensors if (m := LAYER_RE.match(name))}
+    return max(layers) + 1 if layers else 0
+
+
+def g1_gate_rows(tmap: TensorMap, config: GatedQwenConfig, layer: int, width: int, with_bias: bool):
+    """The G1 sigmoid gate of `layer` as per-query-head rows: `(weight [H*width, hidden] plan, bias [H*width] plan
+    or None, o_proj weight [hidden, H*D] plan)`, for formats that compute `attn * sigmoid(x W)` per head.
+
+    Exact for every G1 sigmoid multiplicative gate: head-shared gates are repeated over the heads and headwise gates
+    over the `width` elements of a head when `width` is `head_dim`; an input-independent gate (logits `c`) and an
+    ungated layer become zero rows (sigmoid 0.5) with o_proj's columns multiplied by `2·sigmoid(c)` and by 2.
+    """
+    prefix = f"model.layers.{layer}.self_attn."
+    heads, head_dim, hidden = config.num_attention_heads, config.head_dim, config.hidden_size
+    rows = heads * width
+    o_info = tmap.info(prefix + "o_proj.weight")
+    gated = layer in config.gated_layers
+    if gated and config.gate_input_dependent:
+        g_heads, g_width = config.gate_shape
+        if g_width > width:
+            raise ConversionError("an elementwise gate cannot be written as one score per head")  # checked earlier
+        w_info = tmap.info(prefix + "g_proj.weight")
+        tmap.used.add(prefix + "g_proj.weight")
+        weight = TensorPlan((rows, hidden), w_info.dtype, lambda: tmap.ckpt.get(prefix + "g_proj.weight").view(
+            g_heads, g_width, hidden).expand(heads, width, hidden).reshape(rows, hidden))
+        bias = None
+        if with_bias and config.gate_bias:
+            b_info = tmap.info(prefix + "g_proj.bias")
+            tmap.used.add(prefix + "g_proj.bias")
+            bias = TensorPlan((rows,), b_info.dtype, lambda: tmap.ckpt.get(prefix + "g_proj.bias").view(
+                g_heads, g_width).expand(heads, width).reshape(rows))
+        elif with_bias:
+            bias = zeros((rows,), w_info.dtype)
+        return weight, bias, tmap.take(prefix + "o_proj.weight")
+
+    # A constant gate: zero rows give sigmoid(0) = 0.5; o_proj's columns absorb 2 * (the constant gate value).
+    logits_name = prefix + "gate_logits" if gated else None  # input-independent: learned logits [g_heads, g_width]
+    if logits_name:
+        tmap.info(logits_name)
+        tmap.used.add(logits_name)
+    tmap.used.add(prefix + "o_proj.weight")
+
+    def o_proj() -> torch.Tensor:
+        weight = tmap.ckpt.get(prefix + "o_proj.weight")
+        if logits_name is None:
+            return weight * 2  # exact: a power of two
+        logits = tmap.ckpt.get(logits_name).double()
+        scale = (2 * torch.sigmoid(logits)).expand(heads, head_dim).reshape(1, heads * head_dim)
+        return (weight.double() * scale).to(weight.dtype)
+
+    dtype = o_info.dtype
+    return zeros((rows, hidden), dtype), zeros((rows,), dtype) if with_bias else None, TensorPlan(
+        o_info.shape, dtype, o_proj)
+
+
+def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> TensorPlan:
+    return TensorPlan(shape, dtype, lambda: torch.zeros(shape, dtype=dtype))
+
+
+def check_g1_sigmoid(config: GatedQwenConfig, target: str) -> None:
+    """Refuses gates that a format with a per-head `attn * sigmoid(x W)` gate (Qwen3.5, the release) cannot hold."""
+    if getattr(config, "num_experts", 0):
+        raise ConversionError(f"{target} is dense; SRC is a mixture-of-experts model (num_experts={config.num_experts}).")
+    if config.sdpa_output_transform is not None:
+        raise ConversionError(
+            f"{target} has no equivalent of sdpa_output_transform={config.sdpa_output_transform!r} (the paper's "
+            "non-gate control); only models without it can be exported."
+        )
+    if config.gate_position is None:
+        return
+    what = None
+    if config.gate_position != "sdpa":
+        what = f"gate_position={config.gate_position!r}: {target} gates only the attention output (G1, 'sdpa')"
+    elif config.gate_combine != "multiply":
+        what = f"gate_combine={config.gate_combine!r}: {target} multiplies by the gate, it cannot add it"
+    elif config.gate_activation != "sigmoid":
+        what = (f"gate_activation={config.gate_activation!r}: {target} applies a sigmoid, and "
+                f"{config.gate_activation} of a linear map is not the sigmoid of any linear map")
+    if what:
+        raise ConversionError(f"{target} cannot express this gate ({what}); nothing was written.")
