@@ -29,6 +29,20 @@ GATE_DEFAULTS = {
     "gate_layers": None,
 }
 
+# The mixture-of-experts fields (Qwen3-MoE's names; `shared_expert_intermediate_size` is Qwen3-Next's) and their
+# defaults. `num_experts=0` means a dense model; the other fields must then stay at these defaults.
+MOE_DEFAULTS = {
+    "num_experts_per_tok": 8,
+    "moe_intermediate_size": 768,
+    "norm_topk_prob": False,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": None,
+    "shared_expert_intermediate_size": 0,
+    "router_aux_loss_coef": 0.001,
+    "router_z_loss_coef": 0.0,
+    "output_router_logits": False,
+}
+
 # What a saved folder's config.json names for loading with `trust_remote_code=True` where the package is absent.
 AUTO_MAP = {
     "AutoConfig": "configuration_gated.GatedQwenConfig",
@@ -48,6 +62,15 @@ PAPER_PRESETS: dict[str, dict[str, Any]] = {
         hidden_size=1536, intermediate_size=4608, num_hidden_layers=48, num_attention_heads=16,
         num_key_value_heads=8, head_dim=128, tie_word_embeddings=True, use_qk_norm=True,
         max_position_embeddings=4096,
+    ),
+    # The 15B-A2B MoE of tables 1, 3 and 4 (appendix table 7). Gated variants add the gate on top (table 1's +M).
+    # `norm_topk_prob` and the z-loss coefficient are not in the paper: Qwen3's released MoE models normalise the
+    # top-k probabilities, and 1e-3 is ST-MoE's z-loss coefficient.
+    "moe-15a2b": dict(
+        hidden_size=2048, num_hidden_layers=24, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+        num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True,
+        tie_word_embeddings=False, use_qk_norm=True, max_position_embeddings=4096,
+        output_router_logits=True, router_aux_loss_coef=0.001, router_z_loss_coef=0.001,
     ),
 }
 
@@ -97,6 +120,27 @@ class GatedQwenConfig(PreTrainedConfig):
         The paper's two non-gate controls on the SDPA output (table 3), only without a gate: `"rmsnorm"` (a
         per-head RMSNorm with a learned `head_dim` weight) or `"silu"` (a parameter-free SiLU).
 
+    Mixture of experts (Qwen3-MoE's fields and weight layout; `num_experts=0`, the default, is a dense model):
+    num_experts (`int`, defaults to 0):
+        Routed experts per sparse layer; 0 means every layer has the dense `intermediate_size` MLP.
+    num_experts_per_tok (`int`, defaults to 8):
+        Experts each token is routed to (top-k of a softmax over the router logits).
+    moe_intermediate_size (`int`, defaults to 768):
+        Width of each routed expert.
+    norm_topk_prob (`bool`, defaults to `False`):
+        Renormalise the top-k probabilities to sum to 1.
+    decoder_sparse_step (`int`, defaults to 1), mlp_only_layers (`list[int]` or `None`, defaults to `None`):
+        Layer `i` is sparse when `(i + 1) % decoder_sparse_step == 0` and `i` is not in `mlp_only_layers`; other
+        layers keep the dense `intermediate_size` MLP (as in Qwen3-MoE).
+    shared_expert_intermediate_size (`int`, defaults to 0):
+        Width of an always-active shared expert scaled by `sigmoid(shared_expert_gate(x))` (Qwen3-Next); 0: none.
+    router_aux_loss_coef (`float`, defaults to 0.001), router_z_loss_coef (`float`, defaults to 0.0):
+        Weights of the load-balancing loss (Switch/Qwen3-MoE, over all tokens of the batch) and of the router
+        z-loss (ST-MoE: mean squared logsumexp of the router logits) added to the LM loss.
+    output_router_logits (`bool`, defaults to `False`):
+        Return the router logits of every sparse layer; the auxiliary losses are computed only when set (as in
+        Qwen3-MoE), so set it for training.
+
     Example:
     ```python
     >>> from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
@@ -119,6 +163,18 @@ class GatedQwenConfig(PreTrainedConfig):
         "layers.*.mlp.gate_proj": "colwise",
         "layers.*.mlp.up_proj": "colwise",
         "layers.*.mlp.down_proj": "rowwise",
+        # Sparse layers: Qwen3-MoE's experts and Qwen3-Next's shared expert (the router is replicated).
+        "layers.*.mlp.experts.gate_up_proj": "packed_colwise",
+        "layers.*.mlp.experts.down_proj": "rowwise",
+        "layers.*.mlp.experts": "moe_tp_experts",
+        "layers.*.mlp.shared_expert.gate_proj": "colwise",
+        "layers.*.mlp.shared_expert.up_proj": "colwise",
+        "layers.*.mlp.shared_expert.down_proj": "rowwise",
+    }
+    base_model_ep_plan: ClassVar[dict[str, str]] = {
+        "layers.*.mlp.experts.gate_up_proj": "grouped_gemm",
+        "layers.*.mlp.experts.down_proj": "grouped_gemm",
+        "layers.*.mlp.experts": "ep_dispatch_experts",
     }
     base_model_pp_plan: ClassVar[dict[str, Any]] = {
         "embed_tokens": (["input_ids"], ["inputs_embeds"]),
@@ -161,6 +217,17 @@ class GatedQwenConfig(PreTrainedConfig):
     gate_layers: list[int] | None = None
     sdpa_output_transform: str | None = None
 
+    num_experts: int = 0
+    num_experts_per_tok: int = 8
+    moe_intermediate_size: int = 768
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: list[int] | None = None
+    shared_expert_intermediate_size: int = 0
+    router_aux_loss_coef: float = 0.001
+    router_z_loss_coef: float = 0.0
+    output_router_logits: bool = False
+
     def __post_init__(self, **kwargs):
         unknown = sorted(k for k in kwargs if k.startswith("gate_") or k.startswith("sdpa_output"))
         if unknown:
@@ -180,6 +247,7 @@ class GatedQwenConfig(PreTrainedConfig):
             ]
         self._validate_gate()
         self.base_model_tp_plan = self._tp_plan_with_gate()
+        self._validate_moe()
         if getattr(self, "auto_map", None) is None and "auto_map" not in kwargs:
             self.auto_map = dict(AUTO_MAP)
         super().__post_init__(**kwargs)
@@ -266,6 +334,66 @@ class GatedQwenConfig(PreTrainedConfig):
                 "already a learned constant logit. Set `gate_bias` to False."
             )
 
+    def _validate_moe(self) -> None:
+        """Validates the mixture-of-experts fields, naming the field, the bad value and what is allowed."""
+        def is_int(value) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool)
+
+        if not is_int(self.num_experts) or self.num_experts < 0:
+            raise ValueError(
+                f"`num_experts` must be 0 (a dense model) or a positive integer, got {self.num_experts!r}."
+            )
+        if self.mlp_only_layers is not None and not isinstance(self.mlp_only_layers, (list, tuple)):
+            raise ValueError(
+                f"`mlp_only_layers` must be None or a list of layer indices, got {self.mlp_only_layers!r}."
+            )
+        if self.mlp_only_layers is not None and len(self.mlp_only_layers) == 0:
+            self.mlp_only_layers = None  # Qwen3-MoE writes [] for "none"
+        if self.num_experts == 0:
+            changed = [k for k, v in MOE_DEFAULTS.items() if getattr(self, k) != v]
+            if changed:
+                raise ValueError(
+                    f"{', '.join(f'`{k}`={getattr(self, k)!r}' for k in changed)} has no effect with `num_experts`=0 "
+                    "(a dense model); set `num_experts` (e.g. 128, the paper's MoE) or leave these at their defaults."
+                )
+            return
+        for name in ("num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step"):
+            value = getattr(self, name)
+            if not is_int(value) or value <= 0:
+                raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+        if self.num_experts_per_tok > self.num_experts:
+            raise ValueError(
+                f"`num_experts_per_tok` ({self.num_experts_per_tok}) must be at most `num_experts` "
+                f"({self.num_experts})."
+            )
+        if not is_int(self.shared_expert_intermediate_size) or self.shared_expert_intermediate_size < 0:
+            raise ValueError(
+                "`shared_expert_intermediate_size` must be 0 (no shared expert) or a positive integer, got "
+                f"{self.shared_expert_intermediate_size!r}."
+            )
+        for name in ("norm_topk_prob", "output_router_logits"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"`{name}` must be True or False, got {getattr(self, name)!r}.")
+        for name in ("router_aux_loss_coef", "router_z_loss_coef"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
+                raise ValueError(f"`{name}` must be a number >= 0, got {value!r}.")
+        if self.mlp_only_layers is not None:
+            layers = list(self.mlp_only_layers)
+            bad = [i for i in layers if not is_int(i) or not 0 <= i < self.num_hidden_layers]
+            if bad or len(set(layers)) != len(layers):
+                raise ValueError(
+                    f"`mlp_only_layers` must hold distinct indices in [0, {self.num_hidden_layers}) "
+                    f"(`num_hidden_layers`={self.num_hidden_layers}), got {layers!r}."
+                )
+            self.mlp_only_layers = sorted(layers)
+        if not self.sparse_layers:
+            raise ValueError(
+                f"`num_experts`={self.num_experts} but no layer is sparse: `decoder_sparse_step`="
+                f"{self.decoder_sparse_step} and `mlp_only_layers`={self.mlp_only_layers!r} leave every one of the "
+                f"{self.num_hidden_layers} layers dense. Set `num_experts`=0 for a dense model."
+            )
+
     # ------------------------------------------------------------------------------------------- derived sizes
     @property
     def gated_layers(self) -> list[int]:
@@ -273,6 +401,14 @@ class GatedQwenConfig(PreTrainedConfig):
         if self.gate_position is None:
             return []
         return list(range(self.num_hidden_layers)) if self.gate_layers is None else list(self.gate_layers)
+
+    @property
+    def sparse_layers(self) -> list[int]:
+        """Indices of the mixture-of-experts layers (Qwen3-MoE's rule; empty for a dense model)."""
+        if self.num_experts == 0:
+            return []
+        dense = set(self.mlp_only_layers or [])
+        return [i for i in range(self.num_hidden_layers) if i not in dense and (i + 1) % self.decoder_sparse_step == 0]
 
     @property
     def gate_shape(self) -> tuple[int, int] | None:
@@ -328,16 +464,17 @@ class GatedQwenConfig(PreTrainedConfig):
     # ------------------------------------------------------------------------------------------------- presets
     @classmethod
     def from_paper(cls, name: str, **overrides) -> GatedQwenConfig:
-        """The paper's models by name: `"dense-1.7b-28l"` or `"dense-1.7b-48l"` (appendix table 7).
+        """The paper's models by name: `"dense-1.7b-28l"`, `"dense-1.7b-48l"` or `"moe-15a2b"` (appendix table 7).
 
         `overrides` set any field (gate fields included). Gated dense variants shrink `intermediate_size` so the
         total parameter count stays that of the baseline, as the paper does, unless `intermediate_size` is given.
+        Gated MoE variants keep the experts and add the gate on top (table 1: +201M for G1 elementwise).
         """
         if name not in PAPER_PRESETS:
             raise ValueError(f"Unknown paper preset {name!r}; choose one of {_allowed(PAPER_PRESETS)}.")
         fields = {**PAPER_PRESETS[name], **overrides}
         config = cls(**fields)
-        if "intermediate_size" not in overrides and config.gate_position is not None:
+        if "intermediate_size" not in overrides and config.gate_position is not None and config.num_experts == 0:
             added = config.gate_parameters_per_layer() * len(config.gated_layers)
             per_unit = 3 * config.hidden_size * config.num_hidden_layers  # gate, up and down rows of every MLP
             config.intermediate_size -= round(added / per_unit)

@@ -18,17 +18,24 @@ from torch import nn
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache
+from transformers.conversion_mapping import get_checkpoint_conversion_mapping, register_checkpoint_conversion_mapping
 from transformers.generation import GenerationMixin
+from transformers.integrations import use_experts_implementation
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 from transformers.modeling_layers import GenericForSequenceClassification, GradientCheckpointingLayer
-from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.modeling_outputs import MoeCausalLMOutputWithPast, MoeModelOutputWithPast
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, dynamic_rope_update
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel, slice_logits_to_keep
+from transformers.models.qwen3_moe.modeling_qwen3_moe import (
+    Qwen3MoeExperts,
+    Qwen3MoeTopKRouter,
+    load_balancing_loss_func,
+)
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, can_return_tuple, is_torch_distributed_available
 from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import merge_with_config_defaults
-from transformers.utils.output_capturing import capture_outputs
+from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_gated import GatedQwenConfig
 
@@ -52,16 +59,87 @@ class GatedQwenRMSNorm(nn.Module):
 
 
 class GatedQwenMLP(nn.Module):
-    def __init__(self, config: GatedQwenConfig):
+    def __init__(self, config: GatedQwenConfig, intermediate_size: int | None = None):
         super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        intermediate_size = config.intermediate_size if intermediate_size is None else intermediate_size
+        self.gate_proj = nn.Linear(config.hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, config.hidden_size, bias=False)
         self.act_fn = ACT2FN[config.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """`x: [B, S, hidden]` -> `[B, S, hidden]` (SwiGLU)."""
         return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+# Mixture of experts: Qwen3-MoE's router and experts (same parameters and names, so its checkpoints load as they
+# are), plus Qwen3-Next's optional shared expert. The expert computation is Transformers' own:
+# `use_experts_implementation` picks it from `config._experts_implementation` ("grouped_mm" by default,
+# "batched_mm", or "eager", Qwen3-MoE's loop over the experts that received tokens). The decorator is applied again
+# here because Transformers looks for it in the model's own source file before it allows anything but "eager".
+@use_experts_implementation
+class GatedQwenExperts(Qwen3MoeExperts):
+    """`gate_up_proj: [E, 2 * moe_intermediate_size, hidden]`, `down_proj: [E, hidden, moe_intermediate_size]`.
+
+    forward(`hidden_states: [T, hidden]`, `top_k_index: [T, k]`, `top_k_weights: [T, k]`) -> `[T, hidden]`: the
+    sum over each token's k experts of `weight * down(act(gate(x)) * up(x))`.
+    """
+
+
+class GatedQwenTopKRouter(Qwen3MoeTopKRouter):
+    """`weight: [E, hidden]`. forward(`hidden_states: [T, hidden]`) -> `(logits [T, E], top_k_weights [T, k],
+    top_k_index [T, k])`: softmax over the E logits, the k largest probabilities (renormalised to sum to 1 when
+    `config.norm_topk_prob`)."""
+
+
+class GatedQwenSparseMoeBlock(nn.Module):
+    """The sparse feed-forward block: `gate` (the router) and `experts` as in Qwen3-MoE, and with
+    `config.shared_expert_intermediate_size > 0` Qwen3-Next's `shared_expert` scaled by
+    `sigmoid(shared_expert_gate(x))`."""
+
+    def __init__(self, config: GatedQwenConfig):
+        super().__init__()
+        self.gate = GatedQwenTopKRouter(config)
+        self.experts = GatedQwenExperts(config)
+        self.shared_expert = None
+        if config.shared_expert_intermediate_size > 0:
+            self.shared_expert = GatedQwenMLP(config, intermediate_size=config.shared_expert_intermediate_size)
+            self.shared_expert_gate = nn.Linear(config.hidden_size, 1, bias=False)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """`hidden_states: [B, S, hidden]` -> `[B, S, hidden]`."""
+        batch_size, seq_len, hidden_size = hidden_states.shape
+        tokens = hidden_states.reshape(-1, hidden_size)
+        _, top_k_weights, top_k_index = self.gate(tokens)
+        output = self.experts(tokens, top_k_index, top_k_weights)
+        if self.shared_expert is not None:
+            output = output + torch.sigmoid(self.shared_expert_gate(tokens)) * self.shared_expert(tokens)
+        return output.reshape(batch_size, seq_len, hidden_size)
+
+
+# Checkpoints store the experts one by one (`mlp.experts.{e}.{gate,up,down}_proj.weight`), as Qwen3-MoE's do on the
+# Hub; Transformers stacks them into `gate_up_proj` / `down_proj` when loading and splits them again when saving.
+# Custom-code models get that only when the mapping is registered under their model_type.
+register_checkpoint_conversion_mapping(
+    GatedQwenConfig.model_type, get_checkpoint_conversion_mapping("qwen3_moe"), overwrite=True
+)
+
+
+def router_z_loss_func(
+    router_logits: tuple[torch.Tensor, ...], attention_mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """ST-MoE's router z-loss: the mean over tokens and sparse layers of `logsumexp(router logits)^2`.
+
+    `router_logits`: one `[B * S, E]` tensor per sparse layer; `attention_mask: [B, S]` (1 = token, 0 = padding)
+    leaves padding out of the mean. Returns a float32 scalar.
+    """
+    device = router_logits[0].device
+    log_z = torch.stack([torch.logsumexp(logits.to(device).float(), dim=-1) for logits in router_logits])  # [L, T]
+    z_loss = log_z.square()
+    if attention_mask is None:
+        return z_loss.mean()
+    mask = attention_mask.reshape(1, -1).to(device=device, dtype=z_loss.dtype)
+    return (z_loss * mask).sum() / (mask.sum() * z_loss.shape[0])
 
 
 class GatedQwenRotaryEmbedding(nn.Module):
@@ -298,7 +376,10 @@ class GatedQwenDecoderLayer(GradientCheckpointingLayer):
         super().__init__()
         self.hidden_size = config.hidden_size
         self.self_attn = GatedQwenAttention(config=config, layer_idx=layer_idx)
-        self.mlp = GatedQwenMLP(config)
+        if layer_idx in config.sparse_layers:
+            self.mlp = GatedQwenSparseMoeBlock(config)
+        else:
+            self.mlp = GatedQwenMLP(config)
         self.input_layernorm = GatedQwenRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = GatedQwenRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
@@ -346,6 +427,7 @@ class GatedQwenPreTrainedModel(PreTrainedModel):
     _can_compile_fullgraph = True
     _supports_attention_backend = True
     _can_record_outputs = {
+        "router_logits": OutputRecorder(GatedQwenTopKRouter, index=0),
         "hidden_states": GatedQwenDecoderLayer,
         "attentions": GatedQwenAttention,
     }
@@ -354,6 +436,11 @@ class GatedQwenPreTrainedModel(PreTrainedModel):
         super()._init_weights(module)
         if isinstance(module, GatedQwenAttention) and hasattr(module, "gate_logits"):
             init.zeros_(module.gate_logits)  # the paper's input-independent gate starts at sigmoid(0) = 0.5
+        elif isinstance(module, GatedQwenExperts):
+            init.normal_(module.gate_up_proj, mean=0.0, std=self.config.initializer_range)
+            init.normal_(module.down_proj, mean=0.0, std=self.config.initializer_range)
+        elif isinstance(module, GatedQwenTopKRouter):
+            init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
 
 
 class GatedQwenModel(GatedQwenPreTrainedModel):
@@ -383,8 +470,9 @@ class GatedQwenModel(GatedQwenPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         **kwargs: Unpack[TransformersKwargs],
-    ) -> BaseModelOutputWithPast:
-        """`input_ids: [B, S]` (or `inputs_embeds: [B, S, hidden]`) -> `last_hidden_state: [B, S, hidden]`."""
+    ) -> MoeModelOutputWithPast:
+        """`input_ids: [B, S]` (or `inputs_embeds: [B, S, hidden]`) -> `last_hidden_state: [B, S, hidden]`
+        (and `router_logits`, one `[B * S, num_experts]` per sparse layer, with `output_router_logits=True`)."""
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
         if inputs_embeds is None:
@@ -421,7 +509,7 @@ class GatedQwenModel(GatedQwenPreTrainedModel):
                 **kwargs,
             )
         hidden_states = self.norm(hidden_states)
-        return BaseModelOutputWithPast(last_hidden_state=hidden_states, cache=cache if use_cache else None)
+        return MoeModelOutputWithPast(last_hidden_state=hidden_states, cache=cache if use_cache else None)
 
 
 class GatedQwenForCausalLM(GatedQwenPreTrainedModel, GenerationMixin):
@@ -448,18 +536,26 @@ class GatedQwenForCausalLM(GatedQwenPreTrainedModel, GenerationMixin):
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
+        output_router_logits: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         **kwargs: Unpack[TransformersKwargs],
-    ) -> CausalLMOutputWithPast:
+    ) -> MoeCausalLMOutputWithPast:
         """`input_ids: [B, S]` -> `logits: [B, S, vocab]` (the last `logits_to_keep` positions if set), and the
-        shifted cross-entropy `loss` when `labels: [B, S]` are given."""
-        outputs: BaseModelOutputWithPast = self.model(
+        shifted cross-entropy `loss` when `labels: [B, S]` are given.
+
+        With experts and `output_router_logits` (default: `config.output_router_logits`), also `router_logits` and
+        `aux_loss`, the load-balancing loss; with `labels`, `loss` then adds `router_aux_loss_coef * aux_loss` and
+        `router_z_loss_coef * router_z_loss_func(router_logits)`, as Qwen3-MoE does for the first term."""
+        if output_router_logits is None:
+            output_router_logits = self.config.output_router_logits
+        outputs: MoeModelOutputWithPast = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
             cache=cache,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
+            output_router_logits=output_router_logits,
             **kwargs,
         )
         hidden_states = slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep)
@@ -467,12 +563,27 @@ class GatedQwenForCausalLM(GatedQwenPreTrainedModel, GenerationMixin):
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
-        return CausalLMOutputWithPast(
+        aux_loss = None
+        if output_router_logits and outputs.router_logits:
+            # A 2-D padding mask covers the cached tokens too when decoding: keep the columns of this step's tokens.
+            seq_len = outputs.last_hidden_state.shape[1]
+            mask = attention_mask[:, -seq_len:] if attention_mask is not None and attention_mask.dim() == 2 else None
+            aux_loss = load_balancing_loss_func(
+                outputs.router_logits, self.config.num_experts, self.config.num_experts_per_tok, mask
+            )
+            if labels is not None:
+                loss = loss + self.config.router_aux_loss_coef * aux_loss.to(loss.device)
+                if self.config.router_z_loss_coef > 0:
+                    z_loss = router_z_loss_func(outputs.router_logits, mask)
+                    loss = loss + self.config.router_z_loss_coef * z_loss.to(loss.device)
+        return MoeCausalLMOutputWithPast(
             loss=loss,
+            aux_loss=aux_loss,
             logits=logits,
             cache=outputs.cache,
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
+            router_logits=outputs.router_logits,
         )
 
 
