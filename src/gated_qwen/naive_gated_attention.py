@@ -83,5 +83,7 @@ def _attend(q, k, v, gate, causal, scale):
     probs = torch.softmax(scores, dim=-1) * visible
     out = torch.matmul(probs, vf).transpose(1, 2)  # [B, S_q, Hq, D]
     if gate is not None:
-        out = out * torch.sigmoid(gate.to(compute_dtype))
+        # sigmoid written as exp(logsigmoid): same value, but autograd then computes the derivative as σ(g)·σ(−g)
+        # instead of σ(g)·(1 − σ(g)), which is exactly 0 once σ(g) rounds to 1 (g ≳ 17 in fp32, ≳ 37 in fp64).
+        out = out * torch.exp(torch.nn.functional.logsigmoid(gate.to(compute_dtype)))
     return out.to(q.dtype)
