@@ -10,6 +10,7 @@ import sys
 COMMAND_MODULES = [
     "gated_qwen.train_demo",
     "gated_qwen.conversion.cli",
+    "gated_qwen.hub",
 ]
 
 

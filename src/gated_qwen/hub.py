@@ -1,0 +1,241 @@
+"""Model cards for the Hugging Face Hub: `gated-qwen card MODEL_DIR` writes MODEL_DIR/README.md.
+
+The card (template: `hub_cards/model_card.md`, rendered by `huggingface_hub.ModelCard`) carries the metadata the Hub
+reads (`library_name: transformers`, `pipeline_tag: text-generation`, `license`, `base_model`, `tags` with
+`gated-attention` and `custom_code`, and `model-index` when evaluation results are given) and a body that states the
+gate variant and the sizes, how to load the model with and without this package, and the citation.
+
+Publishing: `model.push_to_hub(repo_id)` uploads the weights, config.json (with `auto_map`), the code files and the
+card already in the repository (push one first with `model_card(config, ...).push_to_hub(repo_id)`); a folder with
+its card goes up whole with `hf upload REPO_ID MODEL_DIR`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+from .configuration_gated import GATE_POSITION_ALIASES, GatedQwenConfig
+
+TEMPLATE = Path(__file__).parent / "hub_cards" / "model_card.md"
+TAGS = ["gated-attention", "gated_qwen", "custom_code", "text-generation"]
+
+_PAPER_NAMES = {position: alias for alias, position in GATE_POSITION_ALIASES.items()}
+_POSITIONS = {
+    "sdpa": "the attention output of each head, before `o_proj`",
+    "value": "the output of `v_proj` (the values)",
+    "key": "the output of `k_proj` (the keys)",
+    "query": "the output of `q_proj` (the queries)",
+    "dense": "the output of `o_proj`",
+}
+_EVAL_FIELDS = [field.name for field in dataclasses.fields(EvalResult) if field.init]
+_EVAL_REQUIRED = ["task_type", "dataset_type", "dataset_name", "metric_type", "metric_value"]
+
+
+class CardError(ValueError):
+    """A model folder, a flag or a results file the card cannot be written from; the message says why."""
+
+
+def describe_gate(config: GatedQwenConfig) -> str:
+    """One sentence naming the gate variant in the paper's terms (G1...G5, elementwise/headwise, ...)."""
+    if config.gate_position is None:
+        control = {
+            None: "",
+            "rmsnorm": " with the paper's RMSNorm control on each head's attention output",
+            "silu": " with the paper's SiLU control on the attention output",
+        }[config.sdpa_output_transform]
+        return f"No gate: the paper's baseline, a plain Qwen3 attention{control}."
+    position = config.gate_position
+    granularity = config.gate_granularity if position != "dense" else "elementwise"
+    sharing = "head-shared" if config.gate_shared_across_heads else "head-specific"
+    if position == "dense":
+        sharing = "over the whole hidden state"
+    scores = "computed from the hidden state after the pre-attention RMSNorm (the input of q/k/v)"
+    if not config.gate_input_dependent:
+        scores = "input-independent (a learned, zero-initialised logit per score)"
+    combine = "multiplies" if config.gate_combine == "multiply" else "is added to"
+    layers = "every layer" if config.gate_layers is None else f"layers {list(config.gate_layers)}"
+    recommended = (
+        position == "sdpa" and granularity == "elementwise" and not config.gate_shared_across_heads
+        and config.gate_combine == "multiply" and config.gate_activation == "sigmoid" and config.gate_input_dependent
+    )
+    return (
+        f"{_PAPER_NAMES[position]} (`gate_position=\"{position}\"`): a `{config.gate_activation}` gate, "
+        f"{granularity} and {sharing}, {scores}, that {combine} {_POSITIONS[position]}, in {layers}"
+        + (", the paper's recommended form." if recommended else ".")
+    )
+
+
+def _gate_fields(config: GatedQwenConfig) -> list[tuple[str, object]]:
+    names = ["gate_position", "gate_granularity", "gate_shared_across_heads", "gate_combine", "gate_activation",
+             "gate_input_dependent", "gate_bias", "gate_layers", "sdpa_output_transform"]
+    return [(name, getattr(config, name)) for name in names]
+
+
+def count_parameters(config: GatedQwenConfig) -> tuple[int, int]:
+    """(all parameters, gate parameters) of `GatedQwenForCausalLM(config)`, counted on the meta device."""
+    from .modeling_gated import GatedQwenForCausalLM
+
+    with torch.device("meta"):
+        model = GatedQwenForCausalLM(config)
+    return model.num_parameters(), config.gate_parameters_per_layer() * len(config.gated_layers)
+
+
+def read_eval_results(path: str | os.PathLike) -> list[EvalResult]:
+    """Reads a JSON list of results, each an object with `huggingface_hub.EvalResult`'s fields, e.g.
+    `{"task_type": "text-generation", "dataset_type": "wikitext", "dataset_name": "WikiText-103",
+    "metric_type": "perplexity", "metric_value": 12.3}`."""
+    path = Path(path)
+    if not path.is_file():
+        raise CardError(f"--eval-results {str(path)!r} is not a file; give a JSON file with a list of results.")
+    try:
+        entries = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise CardError(f"--eval-results {str(path)!r} is not valid JSON ({error}).") from None
+    if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
+        raise CardError(
+            f"--eval-results {str(path)!r} must hold a non-empty JSON list of objects with the fields "
+            f"{_EVAL_REQUIRED} (and optionally {[f for f in _EVAL_FIELDS if f not in _EVAL_REQUIRED]})."
+        )
+    results = []
+    for i, entry in enumerate(entries):
+        missing = [f for f in _EVAL_REQUIRED if f not in entry]
+        unknown = sorted(set(entry) - set(_EVAL_FIELDS))
+        if missing or unknown:
+            raise CardError(
+                f"--eval-results {str(path)!r}, result {i}: "
+                + (f"missing {missing}" if missing else "")
+                + ("; " if missing and unknown else "")
+                + (f"unknown field(s) {unknown}" if unknown else "")
+                + f". The fields are {_EVAL_FIELDS}; {_EVAL_REQUIRED} are required."
+            )
+        results.append(EvalResult(**entry))
+    return results
+
+
+def model_card(
+    config: GatedQwenConfig,
+    *,
+    model_name: str,
+    repo_id: str | None = None,
+    base_model: str | None = None,
+    license: str | None = None,
+    eval_results: list[EvalResult] | None = None,
+) -> ModelCard:
+    """The card of a GatedQwen model with this config (see the module docstring for what it holds)."""
+    num_parameters, gate_parameters = count_parameters(config)
+    data = ModelCardData(
+        model_name=model_name,
+        library_name="transformers",
+        pipeline_tag="text-generation",
+        license=license,
+        base_model=base_model,
+        tags=list(TAGS),
+        eval_results=eval_results or None,
+    )
+    return ModelCard.from_template(
+        data,
+        template_path=str(TEMPLATE),
+        model_name=model_name,
+        repo_id=repo_id or model_name,
+        base_model=base_model,
+        config=config,
+        gate_description=describe_gate(config),
+        gate_fields=_gate_fields(config),
+        num_parameters=num_parameters,
+        gate_parameters=gate_parameters,
+        eval_results=eval_results or [],
+    )
+
+
+def load_model_config(model_dir: str | os.PathLike) -> GatedQwenConfig:
+    """The config of a saved GatedQwen folder, refusing folders that cannot be loaded without this package."""
+    model_dir = Path(model_dir)
+    config_file = model_dir / "config.json"
+    if not config_file.is_file():
+        raise CardError(f"MODEL_DIR {str(model_dir)!r} has no config.json; give a folder written by save_pretrained.")
+    config_dict = json.loads(config_file.read_text())
+    if config_dict.get("model_type") != GatedQwenConfig.model_type:
+        raise CardError(
+            f"MODEL_DIR {str(model_dir)!r} holds model_type {config_dict.get('model_type')!r}, not "
+            f"{GatedQwenConfig.model_type!r}; convert it first (`gated-qwen convert`)."
+        )
+    auto_map = config_dict.get("auto_map") or {}
+    missing = sorted({f"{ref.split('.')[0]}.py" for ref in auto_map.values()} - {p.name for p in model_dir.iterdir()})
+    if "AutoModelForCausalLM" not in auto_map or missing:
+        raise CardError(
+            f"MODEL_DIR {str(model_dir)!r} cannot be loaded without this package: "
+            + (f"the code file(s) {missing} named by config.json's auto_map are missing" if missing
+               else "config.json's auto_map does not name AutoModelForCausalLM")
+            + ". Save the model again with `save_pretrained` after `import gated_qwen`, which writes both."
+        )
+    return GatedQwenConfig.from_pretrained(model_dir)
+
+
+def write_card(
+    model_dir: str | os.PathLike,
+    *,
+    base_model: str | None = None,
+    license: str | None = None,
+    eval_results: str | os.PathLike | None = None,
+    model_name: str | None = None,
+    repo_id: str | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Writes MODEL_DIR/README.md (whole or not at all); an existing card is replaced only with `overwrite`."""
+    model_dir = Path(model_dir)
+    config = load_model_config(model_dir)
+    destination = model_dir / "README.md"
+    if destination.exists() and not overwrite:
+        raise CardError(f"{str(destination)!r} exists; pass --overwrite to replace it.")
+    results = read_eval_results(eval_results) if eval_results is not None else None
+    card = model_card(config, model_name=model_name or model_dir.resolve().name, repo_id=repo_id,
+                      base_model=base_model, license=license, eval_results=results)
+    fd, tmp = tempfile.mkstemp(dir=model_dir, prefix=".README.", suffix=".md.tmp")
+    os.close(fd)
+    try:
+        card.save(tmp)
+        os.replace(tmp, destination)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return destination
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        path = write_card(args.model_dir, base_model=args.base_model, license=args.license,
+                          eval_results=args.eval_results, model_name=args.model_name, repo_id=args.repo_id,
+                          overwrite=args.overwrite)
+    except CardError as error:
+        print(f"gated-qwen card: error: {error}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}")
+    return 0
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "card",
+        help="Write the Hub model card (README.md) of a saved GatedQwen folder.",
+        description="Write MODEL_DIR/README.md: Hub metadata, the gate variant and sizes, how to load, the citation.",
+    )
+    parser.add_argument("model_dir", metavar="MODEL_DIR", help="a folder written by save_pretrained")
+    parser.add_argument("--base-model", default=None, metavar="REPO_ID", help="the model this one comes from")
+    parser.add_argument("--license", default=None, metavar="ID", help="a Hub licence identifier, e.g. apache-2.0")
+    parser.add_argument("--eval-results", default=None, metavar="FILE",
+                        help="JSON list of results with huggingface_hub.EvalResult's fields (task_type, "
+                             "dataset_type, dataset_name, metric_type, metric_value, ...); adds model-index")
+    parser.add_argument("--model-name", default=None, help="the card's title (default: the folder's name)")
+    parser.add_argument("--repo-id", default=None, help="the Hub repository named in the loading examples "
+                                                        "(default: the model name)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing README.md")
+    parser.set_defaults(func=run)
