@@ -8,7 +8,11 @@ GatedQwen checkpoint. Formats:
 - `"qwen3"`: stock Transformers Qwen3 -> GatedQwen, without a gate (exact) or with `add_gate=VARIANT` initialised
   so that the logits do not change (see `qwen3.py` for what is done per variant).
 - `"qwen3_5"`: GatedQwen <-> Transformers' Qwen3.5 text model with every layer full attention; the import also
-  reads Qwen3-Next checkpoints that are attention-only and dense (`"qwen3_next"` is accepted as a name for it).
+  reads Qwen3-Next checkpoints that are attention-only and dense.
+- `"qwen3_moe"`: stock Transformers Qwen3-MoE -> GatedQwen with experts, without a gate or with `add_gate` as for
+  `"qwen3"` (see `qwen3_moe.py`).
+- `"qwen3_next"`: GatedQwen (G1 sigmoid gate; with experts, a shared expert) <-> Qwen3-Next with every layer full
+  attention, dense or mixture-of-experts (see `qwen3_next.py`).
 
 Every conversion streams tensors (one output shard in memory at a time), writes sharded safetensors with an index,
 shows progress, builds the result in a temporary folder beside `dst` that is renamed into place only when complete
@@ -27,8 +31,8 @@ from .io import Checkpoint, ConversionError, carry_files, check_destination, par
     write_weights
 from .verify import VERIFY_MAX_PARAMETERS, VERIFY_RTOL, VerificationError, verify as _verify
 
-FROM_FORMATS = ("release", "qwen3", "qwen3_5", "qwen3_next")
-TO_FORMATS = ("release", "qwen3_5")
+FROM_FORMATS = ("release", "qwen3", "qwen3_5", "qwen3_next", "qwen3_moe")
+TO_FORMATS = ("release", "qwen3_5", "qwen3_next")
 
 
 def _say(message: str) -> None:
@@ -72,8 +76,10 @@ def convert(
         raise ConversionError(f"--from {from_format!r} is not a format; choose one of {', '.join(FROM_FORMATS)}.")
     if to_format is not None and to_format not in TO_FORMATS:
         raise ConversionError(f"--to {to_format!r} is not a format; choose one of {', '.join(TO_FORMATS)}.")
-    if add_gate is not None and from_format != "qwen3":
-        raise ConversionError("--add-gate applies to `--from qwen3` only (stock Qwen3 checkpoints have no gate).")
+    if add_gate is not None and from_format not in ("qwen3", "qwen3_moe"):
+        raise ConversionError(
+            "--add-gate applies to `--from qwen3` and `--from qwen3_moe` only (stock checkpoints without a gate)."
+        )
     src, dst = Path(src), Path(dst)
     check_destination(src, dst, overwrite)
     ckpt = Checkpoint(src, allow_pickle=allow_pickle)
@@ -85,10 +91,19 @@ def convert(
 
         def planner(ckpt):
             return plan_qwen3_to_gated(ckpt, add_gate)
-    elif from_format in ("qwen3_5", "qwen3_next"):
+    elif from_format == "qwen3_moe":
+        from .qwen3_moe import plan_qwen3_moe_to_gated
+
+        def planner(ckpt):
+            return plan_qwen3_moe_to_gated(ckpt, add_gate)
+    elif from_format == "qwen3_next":
+        from .qwen3_next import plan_qwen3_next_to_gated as planner
+    elif from_format == "qwen3_5":
         from .qwen3_5 import plan_qwen3_5_to_gated as planner
     elif to_format == "release":
         from .release import plan_gated_to_release as planner
+    elif to_format == "qwen3_next":
+        from .qwen3_next import plan_gated_to_qwen3_next as planner
     else:
         from .qwen3_5 import plan_gated_to_qwen3_5 as planner
     out_config, plan = planner(ckpt)
@@ -97,7 +112,8 @@ def convert(
         src_kind = from_format if from_format in ("release", "qwen3") else ckpt.config["model_type"]
         result_kind = "gated_qwen"
     else:
-        src_kind, result_kind = "gated_qwen", {"release": "release", "qwen3_5": "qwen3_5_text"}[to_format]
+        result_kind = {"release": "release", "qwen3_5": "qwen3_5_text", "qwen3_next": "qwen3_next"}[to_format]
+        src_kind = "gated_qwen"
     if verify is None:
         verify = ckpt.parameter_count <= VERIFY_MAX_PARAMETERS
         if not verify:
@@ -145,6 +161,21 @@ def qwen3_to_gated(src, dst, add_gate: str | dict | None = None, **kwargs) -> Pa
     return convert(src, dst, from_format="qwen3", add_gate=add_gate, **kwargs)
 
 
+def qwen3_moe_to_gated(src, dst, add_gate: str | dict | None = None, **kwargs) -> Path:
+    """Stock Qwen3-MoE -> GatedQwen with experts, optionally with a function-preserving gate (see `convert`)."""
+    return convert(src, dst, from_format="qwen3_moe", add_gate=add_gate, **kwargs)
+
+
+def gated_to_qwen3_next(src, dst, **kwargs) -> Path:
+    """GatedQwen (G1 sigmoid gate, a shared expert if it has experts) -> Qwen3-Next, all layers full attention."""
+    return convert(src, dst, to_format="qwen3_next", **kwargs)
+
+
+def qwen3_next_to_gated(src, dst, **kwargs) -> Path:
+    """Qwen3-Next checkpoint with only full-attention layers (dense or MoE) -> GatedQwen."""
+    return convert(src, dst, from_format="qwen3_next", **kwargs)
+
+
 def gated_to_qwen3_5(src, dst, **kwargs) -> Path:
     """GatedQwen (G1 sigmoid gate) -> a Transformers Qwen3.5 text checkpoint, all layers full attention."""
     return convert(src, dst, to_format="qwen3_5", **kwargs)
@@ -157,6 +188,7 @@ def qwen3_5_to_gated(src, dst, **kwargs) -> Path:
 
 __all__ = [
     "convert", "release_to_gated", "gated_to_release", "qwen3_to_gated", "gated_to_qwen3_5", "qwen3_5_to_gated",
+    "qwen3_moe_to_gated", "gated_to_qwen3_next", "qwen3_next_to_gated",
     "ConversionError", "VerificationError", "Checkpoint", "FROM_FORMATS", "TO_FORMATS", "VERIFY_MAX_PARAMETERS",
     "VERIFY_RTOL",
 ]

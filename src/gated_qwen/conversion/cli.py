@@ -22,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "convert",
-        help="Convert checkpoints: the paper's release, stock Qwen3 and Qwen3.5 <-> gated_qwen.",
+        help="Convert checkpoints: the paper's release, stock Qwen3, Qwen3-MoE, Qwen3.5, Qwen3-Next <-> gated_qwen.",
         description=(
             "Import a checkpoint into gated_qwen (--from) or export a gated_qwen checkpoint (--to). Tensors are "
             "streamed; DST is written in a temporary folder beside it and renamed into place when complete."
@@ -36,8 +36,8 @@ def register(subparsers) -> None:
     direction.add_argument("--to", dest="to_format", choices=TO_FORMATS, metavar="FORMAT",
                            help=f"export the gated_qwen SRC to FORMAT ({', '.join(TO_FORMATS)})")
     parser.add_argument("--add-gate", metavar="VARIANT", default=None,
-                        help="with --from qwen3: add a gate initialised so the logits do not change; 'elementwise', "
-                             "'headwise' (G1 sigmoid) or a JSON object of gate fields")
+                        help="with --from qwen3 or qwen3_moe: add a gate initialised so the logits do not change; "
+                             "'elementwise', 'headwise' (G1 sigmoid) or a JSON object of gate fields")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing DST (once the new one is complete)")
     parser.add_argument("--allow-pickle", action="store_true",
                         help="read pickled pytorch_model*.bin weights (with torch.load(weights_only=True))")

@@ -37,6 +37,7 @@ def model_logits(folder: Path, kind: str, input_ids: torch.Tensor, allow_pickle:
         "qwen3": transformers.Qwen3ForCausalLM,
         "qwen3_5_text": transformers.Qwen3_5ForCausalLM,
         "qwen3_next": transformers.Qwen3NextForCausalLM,
+        "qwen3_moe": transformers.Qwen3MoeForCausalLM,
     }[kind]
     model, info = cls.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager",
                                       output_loading_info=True)
