@@ -37,6 +37,7 @@ import torch
 import transformers
 from torch import nn
 from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3Config, Qwen3ForCausalLM
+from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM, Qwen3NextConfig, Qwen3NextForCausalLM
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
 
@@ -82,6 +83,33 @@ def gated(**gate_fields) -> Callable[[argparse.Namespace], nn.Module]:
     return builder
 
 
+def moe_fields(s: argparse.Namespace) -> dict:
+    """The mixture-of-experts fields of the MoE pairs (Qwen3-MoE's names, shared by all three config classes)."""
+    return {"num_experts": s.experts, "num_experts_per_tok": s.experts_per_tok,
+            "moe_intermediate_size": s.moe_intermediate, "norm_topk_prob": True}
+
+
+def qwen3_moe(s: argparse.Namespace) -> nn.Module:
+    return build(Qwen3MoeForCausalLM, Qwen3MoeConfig(**shared_fields(s), **moe_fields(s)))
+
+
+def qwen3_next(s: argparse.Namespace) -> nn.Module:
+    """Qwen3-Next with every layer full attention and full rotary: a G1-gated MoE with a shared expert."""
+    config = Qwen3NextConfig(
+        **shared_fields(s), **moe_fields(s), shared_expert_intermediate_size=s.shared_expert,
+        layer_types=["full_attention"] * s.layers,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0},
+    )
+    return build(Qwen3NextForCausalLM, config)
+
+
+def gated_moe(**fields) -> Callable[[argparse.Namespace], nn.Module]:
+    """A builder of a mixture-of-experts GatedQwenForCausalLM with the given gate / shared-expert fields."""
+    def builder(s: argparse.Namespace) -> nn.Module:
+        return build(GatedQwenForCausalLM, GatedQwenConfig(**shared_fields(s), **moe_fields(s), **fields))
+    return builder
+
+
 # ------------------------------------------------------------------------------------------------------ weight mappings
 def same_names(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
     """Qwen3 -> no-gate GatedQwen: the parameter names and layouts are the same."""
@@ -119,6 +147,16 @@ def flops_per_token(model: nn.Module, context: float) -> float:
     return linear + attention
 
 
+def moe_flops_per_token(model: nn.Module, context: float) -> float:
+    """`flops_per_token` plus, per sparse layer, the router (`2 * hidden * experts`) and the k routed experts
+    (`k * 2 * 3 * hidden * moe_intermediate`): neither is an `nn.Linear`. Shared experts are `nn.Linear`s."""
+    config = model.config
+    sparse = sum(1 for m in model.modules() if hasattr(m, "experts") and hasattr(m, "gate"))
+    experts = 3 * config.num_experts_per_tok * config.moe_intermediate_size
+    routed = 2 * config.hidden_size * (config.num_experts + experts)
+    return flops_per_token(model, context) + sparse * routed
+
+
 # ------------------------------------------------------------------------------------------------------------ pairs
 @dataclass
 class Pair:
@@ -151,6 +189,9 @@ PAIRS: list[Pair] = [
     Pair("G1 input-independent vs no gate", NO_GATE, gated(gate_input_dependent=False)),
     Pair("SDPA-output RMSNorm vs no gate", NO_GATE, gated(gate_position=None, sdpa_output_transform="rmsnorm")),
     Pair("SDPA-output SiLU vs no gate", NO_GATE, gated(gate_position=None, sdpa_output_transform="silu")),
+    Pair("MoE no gate vs Qwen3-MoE", qwen3_moe, gated_moe(gate_position=None), same_names, moe_flops_per_token),
+    Pair("MoE G1 + shared expert vs Qwen3-Next (full attn)", qwen3_next,
+         lambda s: gated_moe(shared_expert_intermediate_size=s.shared_expert)(s), qwen3_5_to_g1, moe_flops_per_token),
 ]
 
 
@@ -257,7 +298,9 @@ def markdown(rows: list[dict], s: argparse.Namespace) -> str:
          f"{torch.get_num_threads()}; transformers {transformers.__version__}; float32, sdpa attention; "
          f"clock: {'process CPU time' if s.clock == 'cpu' else 'wall time'}"),
         (f"- sizes: hidden {s.hidden}, {s.layers} layers, {s.heads} q / {s.kv_heads} kv heads, "
-         f"head_dim {s.head_dim}, intermediate {s.intermediate}, vocab {s.vocab}, untied lm_head"),
+         f"head_dim {s.head_dim}, intermediate {s.intermediate}, vocab {s.vocab}, untied lm_head; MoE pairs: "
+         f"{s.experts} experts of width {s.moe_intermediate}, top-{s.experts_per_tok} (normalised), shared expert "
+         f"{s.shared_expert} (Qwen3-Next pair), Transformers' default experts implementation (grouped_mm)"),
         (f"- training step: forward + backward{' + AdamW step' if s.optimizer else ''} on {s.batch}x{s.seq} "
          f"tokens; decode: greedy `generate` of {s.new_tokens} tokens after a {s.prompt}-token prompt, batch 1, "
          f"prefill included; medians of {s.reps} interleaved repetitions after {s.warmup} warm-up"),
@@ -283,7 +326,8 @@ def markdown(rows: list[dict], s: argparse.Namespace) -> str:
 
 
 QUICK = {"hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 16, "intermediate": 128, "vocab": 256,
-         "batch": 2, "seq": 16, "prompt": 8, "new_tokens": 4, "reps": 1, "warmup": 0}
+         "batch": 2, "seq": 16, "prompt": 8, "new_tokens": 4, "reps": 1, "warmup": 0,
+         "experts": 4, "experts_per_tok": 2, "moe_intermediate": 32, "shared_expert": 32}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -295,6 +339,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--intermediate", type=int, default=1536)
     p.add_argument("--vocab", type=int, default=8192)
+    p.add_argument("--experts", type=int, default=16, help="MoE pairs: routed experts per layer")
+    p.add_argument("--experts-per-tok", type=int, default=4, help="MoE pairs: top-k")
+    p.add_argument("--moe-intermediate", type=int, default=384, help="MoE pairs: width of each expert")
+    p.add_argument("--shared-expert", type=int, default=384, help="Qwen3-Next pair: width of the shared expert")
     p.add_argument("--batch", type=int, default=4, help="training batch size")
     p.add_argument("--seq", type=int, default=256, help="training sequence length")
     p.add_argument("--prompt", type=int, default=128, help="decode prompt length")
@@ -313,7 +361,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         for key, value in QUICK.items():
             setattr(s, key, value)
     for key in ("hidden", "layers", "heads", "kv_heads", "head_dim", "intermediate", "vocab", "batch", "seq",
-                "prompt", "new_tokens", "reps", "threads"):
+                "prompt", "new_tokens", "reps", "threads", "experts", "experts_per_tok", "moe_intermediate",
+                "shared_expert"):
         if getattr(s, key) <= 0:
             p.error(f"--{key.replace('_', '-')} must be a positive integer, got {getattr(s, key)}")
     if s.warmup < 0:

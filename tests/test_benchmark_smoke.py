@@ -35,7 +35,8 @@ def test_quick_run_checks_equal_logits_and_reports_every_pair(bench, capsys):
         for kind in ("train", "decode"):
             assert row[kind]["a"] > 0 and row[kind]["b"] > 0
             assert row[kind]["ratio"] == pytest.approx(row[kind]["b"] / row[kind]["a"])
-    assert sum(p.map_weights is not None for p in bench.PAIRS) == 2  # Qwen3 and Qwen3.5 are compared for equality
+    # Qwen3, Qwen3.5, Qwen3-MoE and Qwen3-Next (all full attention) are compared for equality
+    assert sum(p.map_weights is not None for p in bench.PAIRS) == 4
 
 
 def test_equality_check_catches_a_wrong_qwen3_5_mapping(bench):
