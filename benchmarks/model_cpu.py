@@ -12,10 +12,10 @@ function the bar is 1.03 and for a gate variant it is 1 + its extra FLOPs + 0.03
 By default the models run on one thread and are timed by this process's CPU time, which other engineers' jobs on a
 shared machine barely change (the elapsed time does, by tens of percent); `--clock wall` times elapsed seconds.
 
-    .venv/bin/python benchmarks/model_cpu.py               # the default sizes (10-20 minutes on a shared 2-core machine)
+    .venv/bin/python benchmarks/model_cpu.py               # default sizes (10-20 minutes on a shared 2-core machine)
     .venv/bin/python benchmarks/model_cpu.py --threads 2 --clock wall   # on a quiet machine
     .venv/bin/python benchmarks/model_cpu.py --quick       # seconds-long smoke run with tiny sizes
-    .venv/bin/python benchmarks/model_cpu.py --pairs G1    # only the pairs whose name contains "G1"
+    .venv/bin/python benchmarks/model_cpu.py --pairs G1,G2 # only the pairs whose name contains "G1" or "G2"
 
 To add a pair (e.g. GatedQwen-MoE vs Qwen3MoeForCausalLM), append a `Pair` to `PAIRS`: two builders that take the
 sizes (`argparse.Namespace`) and return a model, and, if the two compute the same function, a `map_weights` that turns
@@ -36,8 +36,16 @@ from dataclasses import dataclass
 import torch
 import transformers
 from torch import nn
-from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3Config, Qwen3ForCausalLM
-from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM, Qwen3NextConfig, Qwen3NextForCausalLM
+from transformers import (
+    Qwen3_5ForCausalLM,
+    Qwen3_5TextConfig,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+    Qwen3NextConfig,
+    Qwen3NextForCausalLM,
+)
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
 
@@ -275,7 +283,8 @@ def run_pair(pair: Pair, s: argparse.Namespace) -> dict:
     for kind, context in (("train", train_context), ("decode", decode_context)):
         median_a, median_b = statistics.median(times[model_a, kind]), statistics.median(times[model_b, kind])
         flops_a, flops_b = pair.flops_per_token(model_a, context), pair.flops_per_token(model_b, context)
-        row[kind] = {"a": median_a, "b": median_b, "ratio": median_b / median_a,
+        per_rep = [b / a for a, b in zip(times[model_a, kind], times[model_b, kind])]  # A and B ran side by side
+        row[kind] = {"a": median_a, "b": median_b, "ratio": median_b / median_a, "range": (min(per_rep), max(per_rep)),
                      "extra_flops": flops_b / flops_a - 1, "bar": flops_b / flops_a + 0.03}
         row[kind]["ok"] = row[kind]["ratio"] <= row[kind]["bar"]
     return row
@@ -304,7 +313,8 @@ def markdown(rows: list[dict], s: argparse.Namespace) -> str:
         (f"- training step: forward + backward{' + AdamW step' if s.optimizer else ''} on {s.batch}x{s.seq} "
          f"tokens; decode: greedy `generate` of {s.new_tokens} tokens after a {s.prompt}-token prompt, batch 1, "
          f"prefill included; medians of {s.reps} interleaved repetitions after {s.warmup} warm-up"),
-        ("- ratio = time B / time A (above 1: B slower); bar = FLOPs B / FLOPs A + 0.03; "
+        ("- ratio = median time B / median time A (above 1: B slower), in brackets the lowest and highest B/A of one "
+         "repetition; bar = FLOPs B / FLOPs A + 0.03; "
          "extra FLOPs = forward FLOPs per token of B over A (matmuls and attention products)"),
         "",
         ("| pair (B vs A) | same logits (max abs diff) | train A s | train B s | train B/A | train bar | "
@@ -315,9 +325,11 @@ def markdown(rows: list[dict], s: argparse.Namespace) -> str:
         same = "n/a (different functions)" if r["max_diff"] is None else f"yes ({r['max_diff']:.1e})"
         t, d = r["train"], r["decode"]
         lines.append(
-            f"| {r['pair']} | {same} | {t['a']:.3f} | {t['b']:.3f} | {t['ratio']:.3f}{'' if t['ok'] else ' ✗'} | "
+            f"| {r['pair']} | {same} | {t['a']:.3f} | {t['b']:.3f} | {t['ratio']:.3f}{'' if t['ok'] else ' ✗'} "
+            f"[{t['range'][0]:.2f}, {t['range'][1]:.2f}] | "
             f"{t['bar']:.3f} | {s.new_tokens / d['a']:.1f} | {s.new_tokens / d['b']:.1f} | "
-            f"{d['ratio']:.3f}{'' if d['ok'] else ' ✗'} | {d['bar']:.3f} | "
+            f"{d['ratio']:.3f}{'' if d['ok'] else ' ✗'} [{d['range'][0]:.2f}, {d['range'][1]:.2f}] | "
+            f"{d['bar']:.3f} | "
             f"{100 * t['extra_flops']:+.2f}% / {100 * d['extra_flops']:+.2f}% |"
         )
     lines.append("")
@@ -328,6 +340,10 @@ def markdown(rows: list[dict], s: argparse.Namespace) -> str:
 QUICK = {"hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 16, "intermediate": 128, "vocab": 256,
          "batch": 2, "seq": 16, "prompt": 8, "new_tokens": 4, "reps": 1, "warmup": 0,
          "experts": 4, "experts_per_tok": 2, "moe_intermediate": 32, "shared_expert": 32}
+
+
+def selected(pair: Pair, s: argparse.Namespace) -> bool:
+    return any(text in pair.name for text in s.pairs)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -354,7 +370,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--clock", choices=tuple(CLOCKS), default="cpu",
                    help="cpu: this process's CPU time (steady on a shared machine, meant for --threads 1); "
                         "wall: elapsed time (for a quiet machine)")
-    p.add_argument("--pairs", default="", help="run only the pairs whose name contains this text")
+    p.add_argument("--pairs", default="", help="run only the pairs whose name contains one of these "
+                   "comma-separated texts")
     p.add_argument("--quick", action="store_true", help="tiny sizes, one repetition: a seconds-long smoke run")
     s = p.parse_args(argv)
     if s.quick:
@@ -369,7 +386,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--warmup must be 0 or more, got {s.warmup}")
     if s.vocab <= 2:
         p.error(f"--vocab must be above 2 (ids 0 and 1 are pad and eos), got {s.vocab}")
-    if not [pair for pair in PAIRS if s.pairs in pair.name]:
+    s.pairs = [text for text in s.pairs.split(",") if text] or [""]
+    if not [pair for pair in PAIRS if selected(pair, s)]:
         p.error(f"--pairs {s.pairs!r} matches no pair; the pairs are: {[pair.name for pair in PAIRS]}")
     return s
 
@@ -382,7 +400,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     try:
         rows = []
         for pair in PAIRS:
-            if s.pairs in pair.name:
+            if selected(pair, s):
                 rows.append(run_pair(pair, s))
                 print(f"done: {pair.name}", file=sys.stderr, flush=True)
         print(markdown(rows, s))
