@@ -42,16 +42,16 @@ ARGS = parse_args()
 if ARGS.interpret:
     os.environ["TRITON_INTERPRET"] = "1"  # must precede the kernel import
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
 if not ARGS.interpret and not torch.cuda.is_available():
     sys.exit("attention_gpu.py needs a CUDA GPU (torch.cuda.is_available() is False). "
              "To exercise the script on CPU with tiny sizes under the Triton interpreter: "
              "python benchmarks/attention_gpu.py --interpret")
 
-from gated_qwen.naive_gated_attention import naive_gated_attention  # noqa: E402
-from gated_qwen.triton_gated_attention import gated_attention, triton_available  # noqa: E402
+from gated_qwen.naive_gated_attention import naive_gated_attention
+from gated_qwen.triton_gated_attention import gated_attention, triton_available
 
 if not triton_available():
     sys.exit("Triton is not installed: pip install -e '.[triton]'")
@@ -66,7 +66,7 @@ KV_HEADS = ARGS.kv_heads or HEADS
 HEAD_DIM = ARGS.head_dim or (64 if ARGS.interpret else 128)
 
 try:
-    from flash_attn import flash_attn_func  # noqa: E402
+    from flash_attn import flash_attn_func
 except ImportError:
     flash_attn_func = None
 
@@ -89,7 +89,7 @@ def check_correctness():
         s_k = seq
         gen = torch.Generator(device="cpu").manual_seed(0)
 
-        def rnd(*shape):
+        def rnd(*shape, gen=gen):
             return torch.randn(*shape, generator=gen).to(DEVICE, DTYPE)
 
         q, k, v = rnd(b, s_q, h_q, d), rnd(b, s_k, h_kv, d), rnd(b, s_k, h_kv, d)
@@ -193,7 +193,7 @@ def main():
         b = max(1, TOKENS // s)
         gen = torch.Generator(device="cpu").manual_seed(s)
 
-        def rnd(*shape):
+        def rnd(*shape, gen=gen):
             return torch.randn(*shape, generator=gen).to(DEVICE, DTYPE).requires_grad_()
 
         q, k, v = rnd(b, s, HEADS, HEAD_DIM), rnd(b, s, KV_HEADS, HEAD_DIM), rnd(b, s, KV_HEADS, HEAD_DIM)
@@ -202,7 +202,7 @@ def main():
         flops_fwd = 4 * b * HEADS * s * s * HEAD_DIM / (2 if CAUSAL else 1)
         flops = (flops_fwd, 2.5 * flops_fwd, 3.5 * flops_fwd)
 
-        def tflops(ms_triple):
+        def tflops(ms_triple, flops=flops):
             return [f / (ms * 1e-3) / 1e12 for f, ms in zip(flops, ms_triple)]
 
         row = {"S": s, "B": b, "ours": tflops(time_fwd_bwd(ours, (q, k, v, g), dy))}

@@ -14,9 +14,9 @@ import torch
 
 pytest.importorskip("triton")
 
-from gated_qwen import triton_gated_attention as tga  # noqa: E402
-from gated_qwen.naive_gated_attention import naive_gated_attention  # noqa: E402
-from gated_qwen.triton_gated_attention import gated_attention  # noqa: E402
+from gated_qwen import triton_gated_attention as tga
+from gated_qwen.naive_gated_attention import naive_gated_attention
+from gated_qwen.triton_gated_attention import gated_attention
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu" and not tga.INTERPRET:
@@ -107,7 +107,7 @@ def test_head_dim_too_large_is_a_clear_error():
 @pytest.mark.parametrize("s_q,s_k", [(64, 150), (130, 70)], ids=["chunked-prefill", "more-queries-than-keys"])
 def test_bottom_right_causal_alignment(s_q, s_k):
     q, k, v, g = make_inputs(2, s_q, s_k, 4, 2, 64, "elementwise")
-    out, ref, grads = assert_matches(q, k, v, g, causal=True)
+    out, _ref, grads = assert_matches(q, k, v, g, causal=True)
     if s_q > s_k:  # query rows i < S_q - S_k see no key: exactly zero output and zero gradients
         blind = s_q - s_k
         assert out[:, :blind].abs().max().item() == 0.0
@@ -156,7 +156,7 @@ def test_saturated_gate_logits(logits):
     pick = torch.randn(g.shape, generator=torch.Generator().manual_seed(5)).to(DEVICE)
     g = {"plus40": torch.full_like(g, 40.0), "minus40": torch.full_like(g, -40.0),
          "mixed": torch.where(pick.abs() > 0.5, 40.0 * pick.sign(), g)}[logits]  # ±40 and ordinary logits
-    out, ref, grads = assert_matches(q, k, v, g, causal=True)
+    _out, _ref, grads = assert_matches(q, k, v, g, causal=True)
     assert grads[3][0].abs().max().item() > 0.0  # dG of a saturated gate is tiny but not flushed to zero
 
 
@@ -182,7 +182,7 @@ def test_varlen_fully_masked_rows_are_zero_with_zero_grads():
     """Sequence 0 has 50 queries and 30 keys: bottom-right alignment leaves its first 20 rows without a key."""
     lens_q, lens_k = [50, 20, 70], [30, 70, 70]
     q, k, v, g = make_inputs(0, 0, 0, 3, 1, 64, "elementwise", packed_q=sum(lens_q), packed_k=sum(lens_k))
-    out, ref, grads = assert_matches(q, k, v, g, causal=True, cu_seqlens_q=cu(lens_q), cu_seqlens_k=cu(lens_k))
+    out, _ref, grads = assert_matches(q, k, v, g, causal=True, cu_seqlens_q=cu(lens_q), cu_seqlens_k=cu(lens_k))
     assert out[:20].abs().max().item() == 0.0
     assert grads[0][0][:20].abs().max().item() == 0.0  # dq
     assert grads[3][0][:20].abs().max().item() == 0.0  # dgate
@@ -201,7 +201,7 @@ def test_decode_varlen_with_empty_sequence():
     """Packed decode: one query per sequence (one sequence has none, one has an empty cache)."""
     lens_q, lens_k = [1, 0, 1, 1], [150, 40, 0, 90]
     q, k, v, g = make_inputs(0, 0, 0, 4, 2, 64, "elementwise", packed_q=sum(lens_q), packed_k=sum(lens_k))
-    out, ref, grads = assert_matches(q, k, v, g, causal=True, cu_seqlens_q=cu(lens_q), cu_seqlens_k=cu(lens_k))
+    out, _ref, _grads = assert_matches(q, k, v, g, causal=True, cu_seqlens_q=cu(lens_q), cu_seqlens_k=cu(lens_k))
     assert out[1].abs().max().item() == 0.0  # the query of sequence 2 (empty cache) sees nothing
 
 
@@ -248,7 +248,7 @@ def test_bad_inputs_raise_clear_errors(mutate, message):
 
 
 def test_packed_cu_seqlens_must_be_int32():
-    q, k, v, g = make_inputs(0, 0, 0, 2, 1, 64, None, packed_q=20, packed_k=20)
+    q, k, v, _g = make_inputs(0, 0, 0, 2, 1, 64, None, packed_q=20, packed_k=20)
     with pytest.raises(ValueError, match="int32"):
         gated_attention(q, k, v, cu_seqlens_q=cu([20]).long(), cu_seqlens_k=cu([20]).long())
 
@@ -325,15 +325,23 @@ def test_flat_copy_imports_and_reuses_the_registered_ops(tmp_path):
             del sys.modules[name]
 
 
-def test_module_imports_without_triton():
-    """With `import triton` failing, the module still imports, reports it, and the kernel raises a clear error."""
+def test_module_imports_without_triton(tmp_path):
+    """With `import triton` failing, the module still imports, reports it, and the kernel raises a clear error.
+
+    Runs the two files as a flat package (as on the Hub) in a fresh interpreter, without importing Transformers."""
+    import shutil
     import subprocess
     import sys
     from pathlib import Path
 
+    pkg = tmp_path / "flat_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    for name in ("triton_gated_attention.py", "naive_gated_attention.py"):
+        shutil.copy(Path(tga.__file__).parent / name, pkg / name)
     code = (
         "import sys; sys.modules['triton'] = None\n"
-        "from gated_qwen import triton_gated_attention as t\n"
+        "from flat_pkg import triton_gated_attention as t\n"
         "import torch\n"
         "assert not t.triton_available()\n"
         "q = torch.randn(1, 4, 2, 16)\n"
@@ -345,7 +353,6 @@ def test_module_imports_without_triton():
         "else:\n"
         "    raise AssertionError('no error')\n"
     )
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(tga.__file__).parents[1]),
-                                                      os.environ.get("PYTHONPATH", "")]))
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                            check=False)
     assert result.returncode == 0, result.stderr

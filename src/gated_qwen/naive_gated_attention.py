@@ -12,7 +12,6 @@ This module imports nothing but torch.
 """
 
 import math
-from typing import Optional
 
 import torch
 
@@ -21,14 +20,14 @@ def naive_gated_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    gate: Optional[torch.Tensor] = None,
+    gate: torch.Tensor | None = None,
     *,
     causal: bool = True,
-    scale: Optional[float] = None,
-    cu_seqlens_q: Optional[torch.Tensor] = None,
-    cu_seqlens_k: Optional[torch.Tensor] = None,
-    max_seqlen_q: Optional[int] = None,
-    max_seqlen_k: Optional[int] = None,
+    scale: float | None = None,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
 ) -> torch.Tensor:
     """Gated scaled-dot-product attention, reference implementation.
 
@@ -66,7 +65,7 @@ def naive_gated_attention(
 def _attend(q, k, v, gate, causal, scale):
     """One dense batch: q `[B, S_q, Hq, D]`, k/v `[B, S_k, Hkv, D]`, gate `[B, S_q, Hq, D or 1]` or None."""
     compute_dtype = torch.promote_types(q.dtype, torch.float32)
-    batch, s_q, h_q, _ = q.shape
+    _batch, s_q, h_q, _ = q.shape
     s_k, h_kv = k.shape[1], k.shape[2]
     group = h_q // h_kv
     qf = q.to(compute_dtype).transpose(1, 2)  # [B, Hq, S_q, D]

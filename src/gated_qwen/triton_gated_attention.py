@@ -29,7 +29,6 @@ returns False.
 
 import math
 import os
-from typing import Optional, Tuple
 
 import torch
 
@@ -39,20 +38,20 @@ try:
     import triton
     import triton.language as tl
 
-    _TRITON_IMPORT_ERROR: Optional[BaseException] = None
+    _TRITON_IMPORT_ERROR: BaseException | None = None
 except ImportError as _err:  # the module must import on machines without Triton
     triton = None
     tl = None
     _TRITON_IMPORT_ERROR = _err
 
 __all__ = [
+    "MAX_HEAD_DIM",
+    "SUPPORTED_DTYPES",
     "gated_attention",
-    "naive_gated_attention",
-    "triton_available",
     "gated_attention_supported",
     "gated_attention_unsupported_reason",
-    "SUPPORTED_DTYPES",
-    "MAX_HEAD_DIM",
+    "naive_gated_attention",
+    "triton_available",
 ]
 
 # Read once at import: `@triton.jit` captures the interpreter switch when the kernels are defined.
@@ -74,10 +73,10 @@ def triton_available() -> bool:
 
 
 def _check_inputs(q, k, v, gate, cu_seqlens_q, cu_seqlens_k, *, check_device: bool) -> None:
-    """Raise ValueError naming what is wrong with the inputs and what would be right."""
+    """Raise ValueError (TypeError for non-tensors) naming what is wrong with the inputs and what would be right."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if (cu_seqlens_q is None) != (cu_seqlens_k is None):
         raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together (packed varlen input) or not at all")
     packed = cu_seqlens_q is not None
@@ -106,7 +105,7 @@ def _check_inputs(q, k, v, gate, cu_seqlens_q, cu_seqlens_k, *, check_device: bo
         raise ValueError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if gate is not None:
         if not isinstance(gate, torch.Tensor):
-            raise ValueError(f"gate must be a torch.Tensor or None, got {type(gate).__name__}")
+            raise TypeError(f"gate must be a torch.Tensor or None, got {type(gate).__name__}")
         if gate.shape[:-1] != q.shape[:-1] or gate.shape[-1] not in (d, 1):
             expected_lead = tuple(q.shape[:-1])
             raise ValueError(f"gate must have shape {expected_lead + (d,)} (elementwise) or {expected_lead + (1,)} "
@@ -136,7 +135,7 @@ def _check_inputs(q, k, v, gate, cu_seqlens_q, cu_seqlens_k, *, check_device: bo
                              f"before importing this module, or use naive_gated_attention")
 
 
-def gated_attention_unsupported_reason(q, k, v, gate=None, *, cu_seqlens_q=None, cu_seqlens_k=None) -> Optional[str]:
+def gated_attention_unsupported_reason(q, k, v, gate=None, *, cu_seqlens_q=None, cu_seqlens_k=None) -> str | None:
     """None when `gated_attention` accepts these inputs on this machine, else a sentence saying why not.
 
     Shapes as in `gated_attention`. Cheap: looks at shapes, dtypes and devices only.
@@ -145,7 +144,7 @@ def gated_attention_unsupported_reason(q, k, v, gate=None, *, cu_seqlens_q=None,
         return "Triton is not installed" if triton is None else "no CUDA device and TRITON_INTERPRET is not set"
     try:
         _check_inputs(q, k, v, gate, cu_seqlens_q, cu_seqlens_k, check_device=True)
-    except (ValueError, RuntimeError) as err:
+    except (TypeError, ValueError, RuntimeError) as err:
         return str(err)
     return None
 
@@ -332,7 +331,7 @@ if triton is not None:
         pid_bh = tl.program_id(1)
         b = pid_bh // H_Q
         hq = pid_bh % H_Q
-        q_start, q_len, k_start, k_len = _seq_bounds(CuQ, CuQ, b, SEQLEN_Q, SEQLEN_Q, IS_VARLEN)
+        q_start, q_len, _k_start, _k_len = _seq_bounds(CuQ, CuQ, b, SEQLEN_Q, SEQLEN_Q, IS_VARLEN)
         m0 = pid_m * BLOCK_M
         if m0 >= q_len:
             return
@@ -609,7 +608,7 @@ if triton is not None:
         pid = tl.program_id(0)
         b = pid // H_Q
         hq = pid % H_Q
-        q_start, q_len, k_start, k_len = _seq_bounds(CuQ, CuQ, b, SEQLEN_Q, SEQLEN_Q, IS_VARLEN)
+        q_start, q_len, _k_start, _k_len = _seq_bounds(CuQ, CuQ, b, SEQLEN_Q, SEQLEN_Q, IS_VARLEN)
         if q_len == 0:
             return
         b64 = b.to(tl.int64)
@@ -644,14 +643,14 @@ if triton is not None:
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def _strides4(t: torch.Tensor, packed: bool) -> Tuple[int, int, int, int]:
+def _strides4(t: torch.Tensor, packed: bool) -> tuple[int, int, int, int]:
     """(batch, seq, head, dim) strides; a packed [T, H, D] tensor has batch stride 0 (rows come from cu_seqlens)."""
     if packed:
         return (0,) + tuple(t.stride())
     return tuple(t.stride())
 
 
-def _gate_strides(gate: Optional[torch.Tensor], packed: bool) -> Tuple[int, int, int, int]:
+def _gate_strides(gate: torch.Tensor | None, packed: bool) -> tuple[int, int, int, int]:
     if gate is None:
         return (0, 0, 0, 0)
     sb, ss, sh, sd = _strides4(gate, packed)
@@ -663,17 +662,17 @@ def _bucket(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
 
 
-def _meta(q: torch.Tensor, gate: Optional[torch.Tensor]) -> dict:
+def _meta(q: torch.Tensor, gate: torch.Tensor | None) -> dict:
     d = q.shape[-1]
     upcast = INTERPRET and q.dtype == torch.bfloat16  # the interpreter computes bf16 arithmetic wrongly
-    return dict(
-        HEAD_DIM=d,
-        BLOCK_D=max(16, triton.next_power_of_2(d)),
-        HAS_GATE=gate is not None,
-        GATE_HEADWISE=gate is not None and gate.shape[-1] == 1 and d != 1,
-        UPCAST=upcast,
-        DOT_PREC="ieee" if (q.dtype == torch.float32 or upcast) else "tf32",
-    )
+    return {
+        "HEAD_DIM": d,
+        "BLOCK_D": max(16, triton.next_power_of_2(d)),
+        "HAS_GATE": gate is not None,
+        "GATE_HEADWISE": gate is not None and gate.shape[-1] == 1 and d != 1,
+        "UPCAST": upcast,
+        "DOT_PREC": "ieee" if (q.dtype == torch.float32 or upcast) else "tf32",
+    }
 
 
 def _decode_num_splits(q: torch.Tensor, n_batch: int, h_kv: int, max_seqlen_k: int, block_n: int) -> int:
@@ -834,10 +833,10 @@ def _define_ops():
 
     @torch.library.custom_op(f"{_OP_NAMESPACE}::gated_attention_fwd", mutates_args=())
     def gated_attention_fwd(
-        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: Optional[torch.Tensor], causal: bool,
-        scale: float, cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.Tensor | None, causal: bool,
+        scale: float, cu_seqlens_q: torch.Tensor | None, cu_seqlens_k: torch.Tensor | None,
         max_seqlen_q: int, max_seqlen_k: int,
-    ) -> Tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return _forward(q, k, v, gate, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
 
     @gated_attention_fwd.register_fake
@@ -847,10 +846,10 @@ def _define_ops():
 
     @torch.library.custom_op(f"{_OP_NAMESPACE}::gated_attention_bwd", mutates_args=())
     def gated_attention_bwd(
-        dy: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: Optional[torch.Tensor],
-        out: torch.Tensor, lse: torch.Tensor, causal: bool, scale: float, cu_seqlens_q: Optional[torch.Tensor],
-        cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int,
-    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        dy: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.Tensor | None,
+        out: torch.Tensor, lse: torch.Tensor, causal: bool, scale: float, cu_seqlens_q: torch.Tensor | None,
+        cu_seqlens_k: torch.Tensor | None, max_seqlen_q: int, max_seqlen_k: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         dq, dk, dv, dgate = _backward(dy, q, k, v, gate, out, lse, causal, scale, cu_seqlens_q, cu_seqlens_k,
                                       max_seqlen_q, max_seqlen_k)
         # A custom op cannot return None; without a gate an empty tensor stands in for dgate.
@@ -894,14 +893,14 @@ def gated_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    gate: Optional[torch.Tensor] = None,
+    gate: torch.Tensor | None = None,
     *,
     causal: bool = True,
-    scale: Optional[float] = None,
-    cu_seqlens_q: Optional[torch.Tensor] = None,
-    cu_seqlens_k: Optional[torch.Tensor] = None,
-    max_seqlen_q: Optional[int] = None,
-    max_seqlen_k: Optional[int] = None,
+    scale: float | None = None,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
 ) -> torch.Tensor:
     """Fused gated attention: `softmax(q kᵀ · scale + causal mask) v ⊙ sigmoid(gate)`, differentiable.
 

@@ -1,0 +1,205 @@
+"""attn_implementation="gated_triton": a tiny GatedQwen with the fused Triton kernel equals the same model with sdpa.
+
+Logits and every parameter gradient in fp32, for each gate layout the kernel fuses (and for layouts it does not,
+where it acts as plain attention), with left padding, with packed sequences (DataCollatorWithFlattening's
+`cu_seq_lens_*` and restarting `position_ids`), and in cached generation (the decode kernel). Without a GPU the
+kernel runs under the Triton interpreter (tests/conftest.py).
+"""
+
+import copy
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from transformers import DataCollatorWithFlattening
+
+from gated_qwen import (
+    GatedQwenConfig,
+    GatedQwenForCausalLM,
+    modeling_gated,
+)
+from gated_qwen import triton_gated_attention as tga
+
+if not tga.triton_available():
+    pytest.skip("no CUDA device and TRITON_INTERPRET was not set before import", allow_module_level=True)
+
+VOCAB = 101
+TOL = 2e-5  # fp32; the fused kernel multiplies its fp32 accumulator, sdpa the rounded output: not bit-equal
+
+
+def tiny(**overrides) -> GatedQwenConfig:
+    fields = {"vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+                  "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 256, "tie_word_embeddings": False}
+    fields.update(overrides)
+    return GatedQwenConfig(**fields)
+
+
+def model_pair(seed=0, **overrides):
+    """(sdpa model, gated_triton model) with identical random weights, fp32, eval mode."""
+    torch.manual_seed(seed)
+    sdpa = GatedQwenForCausalLM(tiny(**overrides))
+    sdpa.set_attn_implementation("sdpa")
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in sdpa.named_parameters():
+            base = 1.0 if name.endswith("norm.weight") else 0.0
+            param.copy_(base + 0.1 * torch.randn(param.shape, generator=generator))
+    fused = copy.deepcopy(sdpa)
+    fused.set_attn_implementation("gated_triton")
+    assert fused.config._attn_implementation == "gated_triton" and sdpa.config._attn_implementation == "sdpa"
+    return sdpa.eval(), fused.eval()
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+
+
+def run(model, keep=None, **inputs):
+    """Logits, and the gradients of a cross-entropy over the positions in `keep` (bool [B, S]; default all)."""
+    model.zero_grad(set_to_none=True)
+    logits = model(**inputs).logits
+    labels = inputs["input_ids"].roll(-1, dims=1)
+    weights = torch.ones(labels.shape) if keep is None else keep.float()
+    loss = (torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels, reduction="none") * weights).sum()
+    loss.backward()
+    return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def assert_same(sdpa, fused, keep=None, **inputs):
+    logits_s, grads_s = run(sdpa, keep, **inputs)
+    logits_f, grads_f = run(fused, keep, **inputs)
+    mask = torch.ones(logits_s.shape[:2], dtype=torch.bool) if keep is None else keep
+    assert rel_err(logits_f[mask], logits_s[mask]) <= TOL
+    assert grads_s.keys() == grads_f.keys()
+    bad = {n: e for n in grads_s if (e := rel_err(grads_f[n], grads_s[n])) > TOL}
+    assert not bad, f"gradients differ: {bad}"
+    return logits_f
+
+
+def ids(batch=2, length=24, seed=1) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """Records, for each call of the Triton kernel from the backend, whether a gate was fused into it."""
+    calls = []
+    original = modeling_gated.gated_attention
+
+    def spy(q, k, v, gate=None, **kwargs):
+        calls.append(gate is not None)
+        return original(q, k, v, gate, **kwargs)
+
+    monkeypatch.setattr(modeling_gated, "gated_attention", spy)
+    return calls
+
+
+# ------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "overrides,fused_gate",
+    [
+        ({}, True),  # the paper's best: elementwise G1, head-specific, input-dependent
+        ({"gate_granularity": "headwise"}, True),
+        ({"gate_shared_across_heads": True}, True),  # an expand()ed view over heads
+        ({"gate_input_dependent": False}, True),  # a learned [heads, width] logit, expand()ed over batch and time
+        ({"num_key_value_heads": 4}, True),  # MHA
+        ({"gate_position": "value"}, False),  # not fusable: the backend runs as plain attention
+        ({"gate_activation": "silu"}, False),
+        ({"gate_position": None}, False),
+    ],
+    ids=["elementwise", "headwise", "head-shared", "input-independent", "mha", "value-gate", "silu-gate", "no-gate"],
+)
+def test_equals_sdpa(overrides, fused_gate, kernel_calls):
+    sdpa, fused = model_pair(**overrides)
+    assert_same(sdpa, fused, input_ids=ids())
+    assert kernel_calls and all(c == fused_gate for c in kernel_calls)
+
+
+def test_left_padding():
+    sdpa, fused = model_pair()
+    input_ids = ids(batch=3, length=20)
+    mask = torch.ones_like(input_ids)
+    mask[0, :7] = 0
+    mask[2, :1] = 0
+    position_ids = (mask.cumsum(1) - 1).clamp_min(0)
+    keep = mask.bool()
+    logits = assert_same(sdpa, fused, keep=keep, input_ids=input_ids, attention_mask=mask, position_ids=position_ids)
+    assert torch.isfinite(logits).all()  # padded query rows see no key: zeros from the kernel, finite logits
+    # Independent of sdpa's mask: the padded row equals the same tokens run alone without padding.
+    alone = fused(input_ids=input_ids[:1, 7:]).logits.detach()
+    assert rel_err(logits[0, 7:], alone[0]) <= TOL
+
+
+@pytest.mark.parametrize("flash_kwargs", [True, False], ids=["cu_seq_lens", "position_ids"])
+def test_packed_sequences(flash_kwargs, kernel_calls):
+    sdpa, fused = model_pair(gate_granularity="headwise", seed=2)
+    lengths = [9, 17, 1, 12]
+    sequences = [ids(batch=1, length=n, seed=10 + i)[0].tolist() for i, n in enumerate(lengths)]
+    collator = DataCollatorWithFlattening(return_flash_attn_kwargs=flash_kwargs, return_position_ids=True)
+    batch = collator([{"input_ids": s} for s in sequences])
+    assert ("cu_seq_lens_q" in batch) == flash_kwargs
+    # use_cache=False: with a cache, Transformers' sdpa mask ignores packed position_ids (it only looks for packing
+    # when no cache exists), and the forward creates a DynamicCache whenever use_cache is on.
+    inputs = {k: v for k, v in batch.items() if k != "labels"} | {"use_cache": False}
+    logits = assert_same(sdpa, fused, **inputs)
+    # Each packed sequence equals the sequence run alone (no cross-sequence attention).
+    start = 0
+    for s in sequences:
+        alone = sdpa(input_ids=torch.tensor([s])).logits.detach()
+        assert rel_err(logits[0, start:start + len(s)], alone[0]) <= TOL
+        start += len(s)
+    assert kernel_calls
+
+
+def test_generation_with_left_padding_uses_the_decode_path(kernel_calls):
+    sdpa, fused = model_pair(seed=3)
+    input_ids = ids(batch=2, length=12, seed=4)
+    mask = torch.ones_like(input_ids)
+    mask[1, :4] = 0
+    kwargs = {"input_ids": input_ids, "attention_mask": mask, "max_new_tokens": 6, "do_sample": False, "pad_token_id": 0}
+    with torch.no_grad():
+        expected = sdpa.generate(**kwargs)
+        kernel_calls.clear()
+        tokens = fused.generate(**kwargs)
+    assert torch.equal(tokens, expected)
+    assert len(kernel_calls) == 2 * 6  # 2 layers × (1 prefill + 5 decode steps), all through the kernel
+
+
+def test_default_implementation(monkeypatch):
+    config = tiny()
+    assert GatedQwenForCausalLM(config).config._attn_implementation == (
+        "gated_triton" if torch.cuda.is_available() else "sdpa")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert modeling_gated.gated_triton_is_default(config)
+    sliding = tiny(use_sliding_window=True, sliding_window=8, max_window_layers=0)
+    assert not modeling_gated.gated_triton_is_default(sliding)
+    assert not modeling_gated.gated_triton_is_default(tiny(attention_dropout=0.1))
+    monkeypatch.setattr(modeling_gated, "triton_available", lambda: False)
+    assert not modeling_gated.gated_triton_is_default(config)
+
+
+def test_unsupported_inputs_fall_back_to_the_reference(monkeypatch, kernel_calls):
+    sdpa, fused = model_pair()
+    monkeypatch.setattr(modeling_gated, "gated_attention_unsupported_reason", lambda *a, **k: "pretend no Triton")
+    assert_same(sdpa, fused, input_ids=ids())
+    assert not kernel_calls
+
+
+def test_clear_errors():
+    _, fused = model_pair(use_sliding_window=True, sliding_window=8, max_window_layers=0)
+    with pytest.raises(ValueError, match="sliding-window"):
+        fused(input_ids=ids())
+    _, fused = model_pair()
+    with pytest.raises(ValueError, match="2-D padding mask"):
+        fused(input_ids=ids(), attention_mask=torch.zeros(2, 1, 24, 24))
+
+
+def test_saved_folder_carries_the_kernel_files(tmp_path):
+    _, fused = model_pair()
+    fused.save_pretrained(tmp_path)
+    names = {p.name for p in tmp_path.iterdir()}
+    assert {"modeling_gated.py", "triton_gated_attention.py", "naive_gated_attention.py"} <= names
