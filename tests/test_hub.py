@@ -1,0 +1,263 @@
+"""The Hub: `gated-qwen card` (metadata and body, read back with `huggingface_hub.ModelCard.load`), `push_to_hub`
+end to end against a fake Hub served through huggingface_hub's HTTP client factory, the pushed folder loading in a
+fresh process where `gated_qwen` cannot be imported, and a push in offline mode failing clearly."""
+
+import base64
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx2
+import huggingface_hub
+import pytest
+import torch
+from huggingface_hub import ModelCard, constants
+from huggingface_hub.errors import OfflineModeIsEnabled
+from huggingface_hub.utils._http import default_client_factory
+from safetensors import safe_open
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+import gated_qwen.modeling_gated
+from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
+from gated_qwen.cli import main as cli
+from gated_qwen.hub import model_card
+
+TINY = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=8)
+RESULTS = [{"task_type": "text-generation", "dataset_type": "wikitext", "dataset_name": "WikiText-103",
+            "dataset_split": "test", "metric_type": "perplexity", "metric_value": 12.5}]
+
+
+def saved_model(folder: Path, **gate) -> GatedQwenForCausalLM:
+    torch.manual_seed(0)
+    model = GatedQwenForCausalLM(GatedQwenConfig(**TINY, **gate))
+    model.save_pretrained(folder)
+    return model
+
+
+def weights_in(folder: Path) -> int:
+    """Number of stored weights, read from the safetensors headers."""
+    total = 0
+    for file in folder.glob("*.safetensors"):
+        with safe_open(file, "pt") as f:
+            for key in f.keys():
+                total += torch.Size(f.get_slice(key).get_shape()).numel()
+    return total
+
+
+# ------------------------------------------------------------------------------------------------------------ card
+def test_card_metadata_and_body(tmp_path):
+    folder = tmp_path / "tiny-gated"
+    saved_model(folder)
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps(RESULTS))
+    assert cli(["card", str(folder), "--base-model", "Qwen/Qwen3-1.7B", "--license", "apache-2.0",
+                "--eval-results", str(results), "--repo-id", "me/tiny-gated"]) == 0
+
+    card = ModelCard.load(folder / "README.md")
+    assert card.data.library_name == "transformers"
+    assert card.data.pipeline_tag == "text-generation"
+    assert card.data.license == "apache-2.0"
+    assert card.data.base_model == "Qwen/Qwen3-1.7B"
+    assert {"gated-attention", "custom_code"} <= set(card.data.tags)
+    assert "model-index:" in card.content
+    (result,) = card.data.eval_results
+    assert (result.dataset_name, result.dataset_split, result.metric_type, result.metric_value) == (
+        "WikiText-103", "test", "perplexity", 12.5)
+
+    body = card.text
+    assert "G1" in body and "elementwise and head-specific" in body and "recommended form" in body
+    gate = TINY["hidden_size"] * TINY["num_attention_heads"] * TINY["head_dim"] * TINY["num_hidden_layers"]
+    assert f"{weights_in(folder):,} (gate: {gate:,})" in body  # tied embeddings are stored and counted once
+    assert "| layers | 2 |" in body and "| query / key-value heads, head dim | 4 / 2, 8 |" in body
+    assert 'from_pretrained("me/tiny-gated", trust_remote_code=True)' in body  # without the package
+    assert "import gated_qwen" in body and 'from_pretrained("me/tiny-gated")\n' in body  # with it
+    assert "arXiv:2505.06708" in body and re.search(r"@article\{qiu2025gated,\n\s+title", body)
+    assert "| text-generation | WikiText-103 | test | perplexity | 12.5 |" in body
+
+
+@pytest.mark.parametrize(
+    "gate, says",
+    [
+        ({"gate_position": "value", "gate_granularity": "headwise", "gate_layers": [1]},
+         ["G2 (`gate_position=\"value\"`)", "headwise and head-specific", "`v_proj`", "in layers [1]"]),
+        ({"gate_position": "dense"}, ["G5", "over the whole hidden state", "output of `o_proj`"]),
+        ({"gate_position": None}, ["No gate: the paper's baseline"]),
+    ],
+)
+def test_card_names_the_gate_variant_without_optional_metadata(tmp_path, gate, says):
+    model = saved_model(tmp_path, **gate)
+    assert cli(["card", str(tmp_path)]) == 0
+    card = ModelCard.load(tmp_path / "README.md")
+    for phrase in says:
+        assert phrase in card.text
+    assert "recommended form" not in card.text
+    expected_gate = model.config.gate_parameters_per_layer() * len(model.config.gated_layers)
+    assert f"{weights_in(tmp_path):,} (gate: {expected_gate:,})" in card.text
+    assert card.data.license is None and card.data.base_model is None and "model-index" not in card.content
+
+
+def test_card_refuses_to_overwrite_and_replaces_with_overwrite(tmp_path, capsys):
+    saved_model(tmp_path)
+    (tmp_path / "README.md").write_text("my own card\n")
+    assert cli(["card", str(tmp_path)]) == 2
+    assert "README.md' exists; pass --overwrite" in capsys.readouterr().err
+    assert (tmp_path / "README.md").read_text() == "my own card\n"
+    assert cli(["card", str(tmp_path), "--overwrite"]) == 0
+    assert ModelCard.load(tmp_path / "README.md").data.library_name == "transformers"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temporary file left
+
+
+def _results_file(tmp_path, content):
+    path = tmp_path / "results.json"
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    return ["--eval-results", str(path)]
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        ("no_config", "has no config.json"),
+        ("qwen3", "holds model_type 'qwen3', not 'gated_qwen'"),
+        ("no_code", "the code file(s) ['modeling_gated.py'] named by config.json's auto_map are missing"),
+        ("bad_json", "is not valid JSON"),
+        ("not_a_list", "must hold a non-empty JSON list of objects"),
+        ("missing_field", "missing ['metric_value']"),
+        ("unknown_field", "unknown field(s) ['score']"),
+    ],
+)
+def test_card_bad_input_gets_a_clear_error(tmp_path, capsys, damage, message):
+    folder = tmp_path / "model"
+    if damage == "qwen3":
+        Qwen3ForCausalLM(Qwen3Config(**TINY)).save_pretrained(folder)
+    elif damage != "no_config":
+        saved_model(folder)
+    if damage == "no_code":
+        (folder / "modeling_gated.py").unlink()
+    if damage == "no_config":
+        folder.mkdir()
+    extra = {
+        "bad_json": lambda: _results_file(tmp_path, "[{"),
+        "not_a_list": lambda: _results_file(tmp_path, {"metric_value": 1}),
+        "missing_field": lambda: _results_file(tmp_path, [{k: v for k, v in RESULTS[0].items() if k != "metric_value"}]),
+        "unknown_field": lambda: _results_file(tmp_path, [{**RESULTS[0], "score": 3}]),
+    }.get(damage, lambda: [])()
+    assert cli(["card", str(folder), *extra]) == 2
+    assert message in capsys.readouterr().err
+    assert not (folder / "README.md").exists()
+
+
+# ----------------------------------------------------------------------------------------------------- push_to_hub
+class FakeHub:
+    """The Hub endpoints `push_to_hub` and `ModelCard.push_to_hub` use, answered from memory (`repos[repo][path]`)."""
+
+    def __init__(self):
+        self.repos: dict[str, dict[str, bytes]] = {}
+        self.commits: list[tuple[str, list[str]]] = []
+
+    def __call__(self, request: httpx2.Request) -> httpx2.Response:
+        path, method = request.url.path, request.method
+        if method == "POST" and path == "/api/repos/create":
+            body = json.loads(request.content)
+            repo = f"{body['organization']}/{body['name']}" if body.get("organization") else body["name"]
+            self.repos.setdefault(repo, {})
+            return httpx2.Response(200, json={"url": f"https://huggingface.co/{repo}"})
+        if "/resolve/main/" in path:
+            repo, file = path.strip("/").split("/resolve/main/")
+            if file in self.repos.get(repo, {}):
+                headers = {"ETag": f'"{hash(self.repos[repo][file])}"', "X-Repo-Commit": "0" * 40}
+                return httpx2.Response(200, content=self.repos[repo][file], headers=headers)
+            return httpx2.Response(404, headers={"X-Error-Code": "EntryNotFound"})
+        if method == "POST" and path == "/api/validate-yaml":
+            return httpx2.Response(200, json={})
+        if method == "POST" and "/preupload/" in path:
+            files = json.loads(request.content)["files"]
+            return httpx2.Response(200, json={"files": [
+                {"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files]})
+        if method == "POST" and "/commit/" in path:
+            repo = path.removeprefix("/api/models/").split("/commit/")[0]
+            if repo not in self.repos:
+                return httpx2.Response(404, headers={"X-Error-Code": "RepoNotFound"})
+            files = [json.loads(line)["value"] for line in request.content.decode().splitlines()]
+            files = [f for f in files if "content" in f]
+            for f in files:
+                self.repos[repo][f["path"]] = base64.b64decode(f["content"])
+            self.commits.append((repo, sorted(f["path"] for f in files)))
+            return httpx2.Response(200, json={"commitUrl": f"https://huggingface.co/{repo}/commit/{'a' * 40}",
+                                              "commitOid": "a" * 40})
+        return httpx2.Response(404, json={"error": f"the fake Hub does not serve {method} {path}"})
+
+
+@pytest.fixture
+def fake_hub():
+    hub = FakeHub()
+    huggingface_hub.set_client_factory(lambda: httpx2.Client(transport=httpx2.MockTransport(hub)))
+    yield hub
+    huggingface_hub.set_client_factory(default_client_factory)
+
+
+def code_files() -> set[str]:
+    """The modeling file and every module it imports relatively (the Triton kernel once it does)."""
+    source = Path(gated_qwen.modeling_gated.__file__).read_text()
+    relative = re.findall(r"^\s*from \.(\w+) import", source, flags=re.M)
+    return {"modeling_gated.py", *(f"{name}.py" for name in relative)}
+
+
+FRESH_PROCESS = """
+import sys
+sys.modules["gated_qwen"] = None  # `import gated_qwen` fails: only the pushed code files can define the model
+import torch
+from transformers import AutoModelForCausalLM
+
+folder, ids_file, out_file = sys.argv[1:]
+model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+assert type(model).__module__.startswith("transformers_modules."), type(model).__module__
+with torch.no_grad():
+    torch.save(model(torch.load(ids_file)).logits, out_file)
+"""
+
+
+def test_push_to_hub_uploads_a_folder_that_loads_without_the_package(fake_hub, tmp_path):
+    torch.manual_seed(0)
+    model = GatedQwenForCausalLM(GatedQwenConfig(**TINY))
+    model.push_to_hub("me/tiny-gated", token="hf_fake")
+    repo = fake_hub.repos["me/tiny-gated"]
+    assert {"config.json", "model.safetensors", "generation_config.json", "README.md"} | code_files() <= set(repo)
+    assert "configuration_gated.py" in repo
+    auto_map = json.loads(repo["config.json"])["auto_map"]
+    assert auto_map["AutoModelForCausalLM"] == "modeling_gated.GatedQwenForCausalLM"
+    assert {"AutoConfig", "AutoModel", "AutoModelForSequenceClassification"} <= set(auto_map)
+    assert "library_name: transformers" in repo["README.md"].decode()
+
+    # Our card pushed to the repo is kept by the next push_to_hub (Transformers loads the card already there).
+    model_card(model.config, model_name="tiny-gated", repo_id="me/tiny-gated", license="mit").push_to_hub(
+        "me/tiny-gated", token="hf_fake")
+    model.push_to_hub("me/tiny-gated", token="hf_fake")
+    assert len(fake_hub.commits) == 3 and "model.safetensors" in fake_hub.commits[-1][1]
+    card = ModelCard(repo["README.md"].decode())
+    assert card.data.license == "mit" and "gated-attention" in card.data.tags and "## Gate" in card.text
+
+    pushed = tmp_path / "pushed"
+    pushed.mkdir()
+    for name, content in repo.items():
+        (pushed / name).write_bytes(content)
+    ids = torch.randint(0, TINY["vocab_size"], (2, 10), generator=torch.Generator().manual_seed(0))
+    torch.save(ids, tmp_path / "ids.pt")
+    env = {"HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+    result = subprocess.run(
+        [sys.executable, "-c", FRESH_PROCESS, str(pushed), str(tmp_path / "ids.pt"), str(tmp_path / "out.pt")],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    with torch.no_grad():
+        torch.testing.assert_close(torch.load(tmp_path / "out.pt"), model(ids).logits, rtol=0, atol=0)
+
+
+def test_push_in_offline_mode_fails_clearly(monkeypatch):
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # what HF_HUB_OFFLINE=1 sets when the library loads
+    huggingface_hub.set_client_factory(default_client_factory)
+    model = GatedQwenForCausalLM(GatedQwenConfig(**TINY))
+    with pytest.raises(OfflineModeIsEnabled, match="offline mode is enabled.*HF_HUB_OFFLINE"):
+        model.push_to_hub("me/tiny-gated", token="hf_fake")
