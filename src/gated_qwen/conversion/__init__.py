@@ -66,8 +66,9 @@ def convert(
 
     Exactly one of `from_format` (import into GatedQwen; one of `FROM_FORMATS`) and `to_format` (export a GatedQwen
     checkpoint; one of `TO_FORMATS`). `add_gate`: only with `from_format="qwen3"`, `"elementwise"`, `"headwise"` or a
-    dict / JSON object of gate fields. `max_shard_size` (bytes or e.g. `"2GB"`) defaults to the size of the
-    largest weight file of `src`. Raises `ConversionError` (a `ValueError`) with the reason before anything is
+    dict / JSON object of gate fields. `max_shard_size` (bytes or e.g. `"2GB"`) defaults to half the size of the
+    largest weight file of `src`: peak memory is about one output shard plus the imports (~0.45 GB), which keeps it
+    within 1.5x the largest input shard for shards of 0.5 GB or more. Raises `ConversionError` (a `ValueError`) with the reason before anything is
     written, and `VerificationError` if verification fails (nothing is written then either).
     """
     if (from_format is None) == (to_format is None):
@@ -119,7 +120,7 @@ def convert(
         if not verify:
             _say(f"not verifying: {ckpt.parameter_count / 1e6:.0f}M parameters is more than the default limit of "
                  f"{VERIFY_MAX_PARAMETERS / 1e6:.0f}M; pass --verify to run it anyway.")
-    shard_size = parse_size(max_shard_size) if max_shard_size is not None else ckpt.largest_file_bytes
+    shard_size = parse_size(max_shard_size) if max_shard_size is not None else max(1, ckpt.largest_file_bytes // 2)
 
     with staging_folder(dst) as tmp:
         if result_kind == "gated_qwen":

@@ -38,12 +38,14 @@ def register(subparsers) -> None:
     parser.add_argument("--add-gate", metavar="VARIANT", default=None,
                         help="with --from qwen3 or qwen3_moe: add a gate initialised so the logits do not change; "
                              "'elementwise', 'headwise' (G1 sigmoid) or a JSON object of gate fields")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing DST (once the new one is complete)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing DST (once the new one is complete)")
     parser.add_argument("--allow-pickle", action="store_true",
                         help="read pickled pytorch_model*.bin weights (with torch.load(weights_only=True))")
     parser.add_argument("--verify", action=argparse.BooleanOptionalAction, default=None,
                         help=f"compare source and result logits (tolerance {VERIFY_RTOL:g} relative to the largest "
                              f"logit); default: on up to {VERIFY_MAX_PARAMETERS // 10**6}M parameters")
     parser.add_argument("--max-shard-size", default=None, metavar="SIZE",
-                        help="largest output shard, e.g. 2GB (default: the largest weight file of SRC)")
+                        help="largest output shard, e.g. 2GB (default: half the largest weight file of SRC; peak memory "
+                             "is about one output shard)")
     parser.set_defaults(func=run)

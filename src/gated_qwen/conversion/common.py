@@ -117,7 +117,9 @@ def copy_rest(tmap: TensorMap, config, rename=lambda name: name) -> None:
         if name.startswith("model.") or name == "lm_head.weight":
             tmap.put(rename(name), tmap.take(name))
     if not config.tie_word_embeddings and "lm_head.weight" not in tmap.plan:
-        raise ConversionError("SRC has no lm_head.weight and tie_word_embeddings is false: the output layer is missing.")
+        raise ConversionError(
+            "SRC has no lm_head.weight and tie_word_embeddings is false: the output layer is missing."
+        )
 
 
 LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
@@ -186,7 +188,9 @@ def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> TensorPlan:
 def check_g1_sigmoid(config: GatedQwenConfig, target: str) -> None:
     """Refuses gates that a format with a per-head `attn * sigmoid(x W)` gate (Qwen3.5, the release) cannot hold."""
     if getattr(config, "num_experts", 0):
-        raise ConversionError(f"{target} is dense; SRC is a mixture-of-experts model (num_experts={config.num_experts}).")
+        raise ConversionError(
+            f"{target} is dense; SRC is a mixture-of-experts model (num_experts={config.num_experts})."
+        )
     if config.sdpa_output_transform is not None:
         raise ConversionError(
             f"{target} has no equivalent of sdpa_output_transform={config.sdpa_output_transform!r} (the paper's "

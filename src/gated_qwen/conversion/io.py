@@ -5,11 +5,13 @@ and `get(name)` reads one tensor with the file opened just for that read (a memo
 pages it touched stop counting against this process). `write_checkpoint` computes the output tensors shard by shard
 from a plan (`name -> TensorPlan`), saves each shard with `safetensors.torch.save_file`, and builds the folder in a
 temporary sibling of the destination that is renamed into place only once everything is written (and verified).
-Peak memory is about one output shard; by default an output shard is no larger than the largest input file.
+Peak memory is about one output shard (plus the imports); by default an output shard is at most half the largest
+input file.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
@@ -181,7 +183,13 @@ def staging_folder(dst: Path) -> Iterator[Path]:
 
 
 def publish(tmp: Path, dst: Path) -> None:
-    """Renames the complete folder `tmp` to `dst`; an existing `dst` is moved aside first and removed afterwards."""
+    """Renames the complete folder `tmp` to `dst`; an existing `dst` is moved aside first and removed afterwards.
+    The folder and its files get the usual permissions (mkdtemp and safetensors create them private)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)
+    for path in tmp.iterdir():
+        os.chmod(path, 0o666 & ~umask)
     if dst.exists():
         old = Path(tempfile.mkdtemp(prefix=f".{dst.name}.replaced-", dir=dst.parent))
         os.rename(dst, old / dst.name)
@@ -218,21 +226,33 @@ def write_weights(plan: dict[str, TensorPlan], folder: Path, max_shard_size: int
     total = sum(p.nbytes for p in plan.values())
     with tqdm(total=total, unit="B", unit_scale=True, desc=desc) as progress:
         for filename, names in split.filename_to_tensors.items():
-            shard = {}
-            for name in names:
-                tensor = plan[name].make()
-                if tuple(tensor.shape) != plan[name].shape or tensor.dtype != plan[name].dtype:
-                    raise RuntimeError(
-                        f"conversion bug: {name} came out as {tuple(tensor.shape)} {tensor.dtype}, "
-                        f"planned {plan[name].shape} {plan[name].dtype}"
-                    )
-                shard[name] = tensor.contiguous()
+            # No reference may outlive its shard: a tensor read from a memory-mapped file keeps the pages of that
+            # file that were touched resident for as long as it lives.
+            shard = {name: _compute(name, plan[name]) for name in names}
             save_file(shard, folder / filename, metadata={"format": "pt"})
             progress.update(sum(plan[name].nbytes for name in names))
             del shard
+            _return_freed_memory()
     if split.is_sharded:
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(split.tensor_to_filename.items()))}
         (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+def _return_freed_memory() -> None:
+    """Asks glibc to hand freed heap memory back to the OS (it keeps freed blocks of a few MB otherwise, so the
+    copies made for one shard would stay resident during the next). Best effort: a no-op elsewhere."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _compute(name: str, plan: TensorPlan) -> torch.Tensor:
+    tensor = plan.make()
+    if tuple(tensor.shape) != plan.shape or tensor.dtype != plan.dtype:
+        raise RuntimeError(f"conversion bug: {name} came out as {tuple(tensor.shape)} {tensor.dtype}, planned "
+                           f"{plan.shape} {plan.dtype}")
+    return tensor.contiguous()
 
 
 def carry_files(src: Path, folder: Path) -> list[str]:

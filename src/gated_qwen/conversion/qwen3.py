@@ -115,7 +115,10 @@ def plan_qwen3_to_gated(ckpt: Checkpoint, add_gate: str | dict | None = None):
     stock = Qwen3Config(**{k: v for k, v in cfg.items() if k not in ("model_type", "architectures", "auto_map")})
     fields = {k: getattr(stock, k) for k in QWEN3_FIELDS + SLIDING_FIELDS}
     gate = parse_gate(add_gate) if add_gate is not None else dict(gate_position=None)
-    config = GatedQwenConfig(**fields, use_qk_norm=True, **gate)
+    try:
+        config = GatedQwenConfig(**fields, use_qk_norm=True, **gate)
+    except ValueError as error:
+        raise ConversionError(f"--add-gate {add_gate}: {error}") from None
     config.dtype = source_dtype(cfg)
 
     tmap = TensorMap(ckpt)

@@ -41,10 +41,10 @@ def interleave_heads(queries: torch.Tensor, gates: torch.Tensor, heads: int) -> 
     return torch.cat([queries.view(heads, -1, *rest), gates.view(heads, -1, *rest)], dim=1).reshape(-1, *rest)
 
 
-def split_heads(packed: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Qwen3.5 `q_proj` rows `[H*2D, ...]` -> `(queries [H*D, ...], gates [H*D, ...])`."""
-    grouped = packed.view(heads, 2, -1, *packed.shape[1:])
-    return grouped[:, 0].reshape(-1, *packed.shape[1:]), grouped[:, 1].reshape(-1, *packed.shape[1:])
+def split_heads(packed: torch.Tensor, heads: int, part: int) -> torch.Tensor:
+    """Qwen3.5 `q_proj` rows `[H*2D, ...]` -> the queries `[H*D, ...]` (`part=0`) or the gates `[H*D, ...]`
+    (`part=1`); only that part is copied."""
+    return packed.view(heads, 2, -1, *packed.shape[1:])[:, part].reshape(-1, *packed.shape[1:])
 
 
 def plan_gated_to_qwen3_5(ckpt: Checkpoint):
@@ -58,7 +58,8 @@ def plan_gated_to_qwen3_5(ckpt: Checkpoint):
     sliding = [i for i, t in enumerate(config.layer_types) if t != "full_attention"]
     if sliding:
         raise ConversionError(
-            f"{target} has no sliding-window attention; layers {sliding} of this model are {config.layer_types[sliding[0]]}."
+            f"{target} has no sliding-window attention; layers {sliding} of this model are "
+            f"{config.layer_types[sliding[0]]}."
         )
     gated = config.gate_position is not None
     bias = config.attention_bias or (gated and config.gate_bias)
@@ -133,8 +134,9 @@ def stock_import_config(cfg: dict):
                   stock.num_experts > 0 and (i + 1) % stock.decoder_sparse_step == 0]
         if sparse:
             raise ConversionError(
-                f"layers {sparse} of SRC are mixture-of-experts (num_experts={stock.num_experts}); this import is "
-                "for dense models: Qwen3-Next checkpoints whose every layer is in mlp_only_layers (or num_experts=0)."
+                f"layers {sparse} of SRC are mixture-of-experts (num_experts={stock.num_experts}); `--from qwen3_5` "
+                "imports dense models (every layer in mlp_only_layers, or num_experts=0). Use `--from qwen3_next` "
+                "for a Qwen3-Next mixture-of-experts checkpoint."
             )
     return stock
 
@@ -166,7 +168,7 @@ def plan_qwen3_5_to_gated(ckpt: Checkpoint):
             for part, out in ((0, "q_proj"), (1, "g_proj")):
                 tmap.put(prefix + f"self_attn.{out}.{kind}", TensorPlan(
                     (heads * head_dim, *info.shape[1:]), info.dtype,
-                    lambda name=name, part=part: split_heads(ckpt.get(name), heads)[part]))
+                    lambda name=name, part=part: split_heads(ckpt.get(name), heads, part)))
         for norm in LAYER_NORMS:
             shifted_norm(tmap, prefix + norm + ".weight", +1.0)
     shifted_norm(tmap, FINAL_NORM, +1.0)

@@ -50,11 +50,12 @@ def q_rows(heads: int, head_dim: int, variant: str) -> int:
     return heads * head_dim + {"baseline": 0, "headwise": heads, "elementwise": heads * head_dim}[variant]
 
 
-def split_q_proj(packed: torch.Tensor, kv_heads: int, group_q_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Release `q_proj` rows `packed: [K * (G*D + G*W), ...]` -> `(queries [H*D, ...], gates [H*W, ...])`."""
+def split_q_proj(packed: torch.Tensor, kv_heads: int, group_q_rows: int, part: int) -> torch.Tensor:
+    """Release `q_proj` rows `packed: [K * (G*D + G*W), ...]` -> the queries `[H*D, ...]` (`part=0`) or the gates
+    `[H*W, ...]` (`part=1`); only that part is copied."""
     grouped = packed.view(kv_heads, -1, *packed.shape[1:])
-    return (grouped[:, :group_q_rows].reshape(-1, *packed.shape[1:]),
-            grouped[:, group_q_rows:].reshape(-1, *packed.shape[1:]))
+    rows = slice(None, group_q_rows) if part == 0 else slice(group_q_rows, None)
+    return grouped[:, rows].reshape(-1, *packed.shape[1:])
 
 
 def pack_q_proj(queries: torch.Tensor, gates: torch.Tensor, kv_heads: int) -> torch.Tensor:
@@ -133,7 +134,7 @@ def plan_release_to_gated(ckpt: Checkpoint) -> tuple[GatedQwenConfig, dict[str, 
                     rows = heads * head_dim if part == 0 else info.shape[0] - heads * head_dim
                     tmap.put(prefix + f"{out}.{kind}", TensorPlan(
                         (rows, *rest), info.dtype,
-                        lambda name=name, part=part: split_q_proj(ckpt.get(name), kv_heads, group_q_rows)[part]))
+                        lambda name=name, part=part: split_q_proj(ckpt.get(name), kv_heads, group_q_rows, part)))
     copy_rest(tmap, config)
     return config, tmap.finish()
 

@@ -1,0 +1,455 @@
+"""Checkpoint conversion against independent references: a forward written here from the release layout's documented
+index formulas, stock Transformers Qwen3 / Qwen3.5 / Qwen3-Next with the same weights, and byte equality of tensors.
+Every refusal is checked for its message and for leaving nothing behind."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import save_file
+from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3Config, Qwen3ForCausalLM, Qwen3NextConfig, \
+    Qwen3NextForCausalLM
+
+from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
+from gated_qwen.cli import main
+from gated_qwen.conversion import ConversionError, VerificationError, convert
+from gated_qwen.conversion import qwen3 as qwen3_module
+
+VOCAB = 100
+TINY = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=8, max_position_embeddings=128)
+IDS = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(1))
+
+
+def randomize_(model: torch.nn.Module, seed: int = 0, norm_center: float = 1.0) -> torch.nn.Module:
+    """Random values in every parameter; norm weights around `norm_center` (1 for Qwen3, 0 for zero-centred).
+    Eager attention, as `load` uses."""
+    model.set_attn_implementation("eager")
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            is_norm = name.endswith("norm.weight") or "layernorm" in name
+            scale = 0.3 if is_norm else 0.15
+            param.copy_((norm_center if is_norm else 0.0) + scale * torch.randn(param.shape, generator=generator))
+    return model.eval()
+
+
+def logits(model: torch.nn.Module) -> torch.Tensor:
+    with torch.no_grad():
+        return model(IDS).logits
+
+
+def load(cls, folder: Path):
+    """`cls.from_pretrained` in float32 / eager, asserting that no key is missing, unexpected or mismatched."""
+    model, info = cls.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager",
+                                      output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    return model.eval()
+
+
+def tensors(folder: Path) -> dict[str, torch.Tensor]:
+    index = folder / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else [
+        "model.safetensors"]
+    out = {}
+    for file in files:
+        with safe_open(folder / file, framework="pt") as f:
+            out.update({k: f.get_tensor(k) for k in f.keys()})
+    return out
+
+
+def assert_nothing_written(dst: Path) -> None:
+    assert not dst.exists()
+    assert not [p for p in dst.parent.iterdir() if p.name.startswith(f".{dst.name}.")], "temporary folder left behind"
+
+
+def refuse(match: str, src: Path, dst: Path, **kwargs) -> None:
+    with pytest.raises(ConversionError, match=match):
+        convert(src, dst, verify=False, **kwargs)
+    assert_nothing_written(dst)
+
+
+# ------------------------------------------------------------------------------------------------ release layout
+def write_release(folder: Path, variant: str, kv_heads: int, qkv_bias: bool = False, dtype=torch.float32,
+                  seed: int = 0) -> dict:
+    """A checkpoint in the layout of the paper's release, built from per-head weights with the documented index
+    formulas: for head h = k·G + j, query rows k·(G·D + S) + j·D + [0, D), gate rows k·(G·D + S) + G·D + j·W + [0, W)
+    (S = G·W, W = 1 headwise / D elementwise). Returns the per-head ("logical") weights."""
+    g = torch.Generator().manual_seed(seed)
+    hidden, heads, head_dim, layers = TINY["hidden_size"], TINY["num_attention_heads"], TINY["head_dim"], 2
+    groups, width = heads // kv_heads, {"baseline": 0, "headwise": 1, "elementwise": head_dim}[variant]
+
+    def rnd(*shape, center=0.0, scale=0.15):
+        return center + scale * torch.randn(*shape, generator=g)
+
+    logical = {"embed": rnd(VOCAB, hidden), "norm": rnd(hidden, center=1.0, scale=0.3), "layers": []}
+    out = {"model.embed_tokens.weight": logical["embed"], "model.norm.weight": logical["norm"]}
+    for layer in range(layers):
+        w = dict(wq=rnd(heads, head_dim, hidden), wg=rnd(heads, width, hidden), wk=rnd(kv_heads, head_dim, hidden),
+                 wv=rnd(kv_heads, head_dim, hidden), wo=rnd(hidden, heads * head_dim),
+                 bq=rnd(heads, head_dim), bg=rnd(heads, width), bk=rnd(kv_heads, head_dim),
+                 bv=rnd(kv_heads, head_dim), bo=rnd(hidden), qn=rnd(head_dim, center=1.0, scale=0.3),
+                 kn=rnd(head_dim, center=1.0, scale=0.3), ln1=rnd(hidden, center=1.0, scale=0.3),
+                 ln2=rnd(hidden, center=1.0, scale=0.3), up=rnd(48, hidden), gate=rnd(48, hidden), down=rnd(hidden, 48))
+        logical["layers"].append(w)
+        rows = heads * head_dim + heads * width
+        q_proj, q_bias = torch.empty(rows, hidden), torch.empty(rows)
+        stride = groups * head_dim + groups * width
+        for h in range(heads):
+            k, j = divmod(h, groups)
+            start = k * stride + j * head_dim
+            q_proj[start:start + head_dim], q_bias[start:start + head_dim] = w["wq"][h], w["bq"][h]
+            if width:
+                start = k * stride + groups * head_dim + j * width
+                q_proj[start:start + width], q_bias[start:start + width] = w["wg"][h], w["bg"][h]
+        p = f"model.layers.{layer}."
+        out.update({
+            p + "self_attn.q_proj.weight": q_proj, p + "self_attn.k_proj.weight": w["wk"].reshape(-1, hidden),
+            p + "self_attn.v_proj.weight": w["wv"].reshape(-1, hidden), p + "self_attn.o_proj.weight": w["wo"],
+            p + "self_attn.q_norm.weight": w["qn"], p + "self_attn.k_norm.weight": w["kn"],
+            p + "input_layernorm.weight": w["ln1"], p + "post_attention_layernorm.weight": w["ln2"],
+            p + "mlp.gate_proj.weight": w["gate"], p + "mlp.up_proj.weight": w["up"],
+            p + "mlp.down_proj.weight": w["down"],
+        })
+        if qkv_bias:
+            out.update({p + "self_attn.q_proj.bias": q_bias, p + "self_attn.k_proj.bias": w["bk"].reshape(-1),
+                        p + "self_attn.v_proj.bias": w["bv"].reshape(-1), p + "self_attn.o_proj.bias": w["bo"]})
+    folder.mkdir()
+    save_file({k: v.to(dtype).contiguous() for k, v in out.items()}, folder / "model.safetensors")
+    config = dict(
+        architectures=["Qwen3ForCausalLM"], model_type="qwen3", auto_map={
+            "AutoConfig": "configuration_qwen3.Qwen3Config", "AutoModelForCausalLM": "modeling_qwen3.Qwen3ForCausalLM"},
+        vocab_size=VOCAB, hidden_size=hidden, intermediate_size=48, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim, hidden_act="silu",
+        max_position_embeddings=128, rms_norm_eps=1e-6, tie_word_embeddings=True, rope_theta=10000.0,
+        rope_scaling=None, use_sliding_window=False, qkv_bias=qkv_bias, use_qk_norm=True,
+        headwise_attn_output_gate=variant == "headwise", elementwise_attn_output_gate=variant == "elementwise",
+        torch_dtype=str(dtype).removeprefix("torch."),
+    )
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "tokenizer.json").write_text('{"model": "tiny"}')
+    (folder / "generation_config.json").write_text('{"do_sample": false}')
+    return logical
+
+
+def release_forward(logical: dict, kv_heads: int, variant: str, qkv_bias: bool, input_ids: torch.Tensor):
+    """The official model's computation from per-head weights (not the conversion code): `[B, S] -> [B, S, V]`."""
+    heads, head_dim = TINY["num_attention_heads"], TINY["head_dim"]
+    batch, seq = input_ids.shape
+    inv_freq = 1.0 / 10000.0 ** (torch.arange(0, head_dim, 2).float() / head_dim)
+    angles = torch.arange(seq).float()[:, None] * inv_freq[None]
+    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+
+    def rms(x, w):
+        return w * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+    def rope(x):  # [B, heads, S, D]
+        x1, x2 = x[..., : head_dim // 2], x[..., head_dim // 2:]
+        return x * cos + torch.cat([-x2, x1], -1) * sin
+
+    h = logical["embed"][input_ids]
+    causal = torch.ones(seq, seq, dtype=torch.bool).tril()
+    for w in logical["layers"]:
+        x = rms(h, w["ln1"])
+        zero = dict(bq=torch.zeros(heads, head_dim), bg=torch.zeros(heads, w["wg"].shape[1]), bo=torch.zeros(
+            h.shape[-1]), bk=torch.zeros(kv_heads, head_dim), bv=torch.zeros(kv_heads, head_dim))
+        b = (lambda name: w[name]) if qkv_bias else zero.get
+        q = torch.einsum("bsi,hdi->bhsd", x, w["wq"]) + b("bq")[None, :, None]
+        k = torch.einsum("bsi,hdi->bhsd", x, w["wk"]) + b("bk")[None, :, None]
+        v = torch.einsum("bsi,hdi->bhsd", x, w["wv"]) + b("bv")[None, :, None]
+        q, k = rope(rms(q, w["qn"])), rope(rms(k, w["kn"]))
+        outs = []
+        for head in range(heads):
+            kv = head // (heads // kv_heads)
+            scores = q[:, head] @ k[:, kv].transpose(-1, -2) / math.sqrt(head_dim)
+            out = scores.masked_fill(~causal, float("-inf")).softmax(-1) @ v[:, kv]  # [B, S, D]
+            if variant != "baseline":
+                out = out * torch.sigmoid(x @ w["wg"][head].T + b("bg")[head])  # [B, S, W] broadcasts over D
+            outs.append(out)
+        h = h + torch.cat(outs, -1) @ w["wo"].T + b("bo")
+        x = rms(h, w["ln2"])
+        h = h + (F.silu(x @ w["gate"].T) * (x @ w["up"].T)) @ w["down"].T
+    return rms(h, logical["norm"]) @ logical["embed"].T
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2, 1], ids=["gqa1", "gqa2", "gqa4"])
+@pytest.mark.parametrize("variant", ["baseline", "headwise", "elementwise"])
+def test_release_import_matches_independent_forward(tmp_path, variant, kv_heads):
+    logical = write_release(tmp_path / "release", variant, kv_heads)
+    convert(tmp_path / "release", tmp_path / "gated", from_format="release", verify=False)
+    model = load(GatedQwenForCausalLM, tmp_path / "gated")
+    config = model.config
+    assert config.gate_position == (None if variant == "baseline" else "sdpa")
+    assert variant == "baseline" or config.gate_granularity == variant
+    assert config.tie_word_embeddings and "lm_head.weight" not in tensors(tmp_path / "gated")
+    torch.testing.assert_close(logits(model), release_forward(logical, kv_heads, variant, False, IDS),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_release_with_qkv_bias_verifies_and_carries_files(tmp_path):
+    logical = write_release(tmp_path / "release", "elementwise", 2, qkv_bias=True)
+    convert(tmp_path / "release", tmp_path / "gated", from_format="release", verify=True)  # release_logits reference
+    model = load(GatedQwenForCausalLM, tmp_path / "gated")
+    assert model.config.attention_bias and model.config.gate_bias
+    torch.testing.assert_close(logits(model), release_forward(logical, 2, "elementwise", True, IDS),
+                               rtol=1e-5, atol=1e-5)
+    assert (tmp_path / "gated" / "tokenizer.json").read_text() == '{"model": "tiny"}'
+    assert json.loads((tmp_path / "gated" / "generation_config.json").read_text()) == {"do_sample": False}
+
+
+@pytest.mark.parametrize("variant,kv_heads,qkv_bias", [("headwise", 2, False), ("elementwise", 1, True),
+                                                       ("baseline", 4, True)])
+def test_release_round_trip_is_byte_identical(tmp_path, variant, kv_heads, qkv_bias):
+    write_release(tmp_path / "release", variant, kv_heads, qkv_bias=qkv_bias, dtype=torch.bfloat16)
+    convert(tmp_path / "release", tmp_path / "gated", from_format="release", verify=False)
+    convert(tmp_path / "gated", tmp_path / "back", to_format="release", verify=False)
+    before, after = tensors(tmp_path / "release"), tensors(tmp_path / "back")
+    assert sorted(before) == sorted(after)
+    for name in before:
+        assert before[name].dtype == after[name].dtype and before[name].shape == after[name].shape, name
+        assert torch.equal(before[name].view(torch.uint8), after[name].view(torch.uint8)), name
+    config = json.loads((tmp_path / "back" / "config.json").read_text())
+    assert (config["headwise_attn_output_gate"], config["elementwise_attn_output_gate"], config["qkv_bias"]) == (
+        variant == "headwise", variant == "elementwise", qkv_bias)
+
+
+def test_release_export_of_other_g1_sigmoid_gates_is_exact(tmp_path):
+    """Head-shared, input-independent and partly-gated models have exact release equivalents (rows repeated, or
+    zero rows with o_proj columns scaled); checked against the independent forward of the release layout."""
+    for i, fields in enumerate([dict(gate_granularity="headwise", gate_shared_across_heads=True),
+                                dict(gate_input_dependent=False, gate_layers=[1])]):
+        model = randomize_(GatedQwenForCausalLM(GatedQwenConfig(**TINY, tie_word_embeddings=True, **fields)))
+        model.save_pretrained(tmp_path / f"gated{i}")
+        convert(tmp_path / f"gated{i}", tmp_path / f"release{i}", to_format="release", verify=True)
+        w = tensors(tmp_path / f"release{i}")
+        heads, kv, d, hidden = 4, 2, 8, 32
+        width = 1 if fields.get("gate_granularity") == "headwise" else d
+        logical = {"embed": w["model.embed_tokens.weight"], "norm": w["model.norm.weight"], "layers": []}
+        for layer in range(2):
+            p = f"model.layers.{layer}."
+            rows = w[p + "self_attn.q_proj.weight"].view(kv, -1, hidden)  # per kv group: [G*D queries | G*W gates]
+            logical["layers"].append(dict(
+                wq=rows[:, : 2 * d].reshape(heads, d, hidden), wg=rows[:, 2 * d:].reshape(heads, width, hidden),
+                wk=w[p + "self_attn.k_proj.weight"].view(kv, d, hidden), wv=w[p + "self_attn.v_proj.weight"].view(
+                    kv, d, hidden), wo=w[p + "self_attn.o_proj.weight"], qn=w[p + "self_attn.q_norm.weight"],
+                kn=w[p + "self_attn.k_norm.weight"], ln1=w[p + "input_layernorm.weight"],
+                ln2=w[p + "post_attention_layernorm.weight"], gate=w[p + "mlp.gate_proj.weight"],
+                up=w[p + "mlp.up_proj.weight"], down=w[p + "mlp.down_proj.weight"]))
+        variant = "headwise" if width == 1 else "elementwise"
+        torch.testing.assert_close(release_forward(logical, kv, variant, False, IDS), logits(model),
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_release_refusals(tmp_path):
+    write_release(tmp_path / "hw", "headwise", 2)
+    config = json.loads((tmp_path / "hw" / "config.json").read_text())
+    config.update(headwise_attn_output_gate=False, elementwise_attn_output_gate=True)
+    (tmp_path / "hw" / "config.json").write_text(json.dumps(config))
+    refuse(r"elementwise variant .*elementwise_attn_output_gate=True.* 64 rows .* has 36 rows, the headwise layout",
+           tmp_path / "hw", tmp_path / "out", from_format="release")
+    config.update(elementwise_attn_output_gate=False, headwise_attn_output_gate=True, qkv_bias=True)
+    (tmp_path / "hw" / "config.json").write_text(json.dumps(config))
+    refuse(r"qkv_bias=True, but model.layers.0.self_attn.q_proj.bias is absent", tmp_path / "hw",
+           tmp_path / "out", from_format="release")
+    refuse(r"--add-gate applies to `--from qwen3`", tmp_path / "hw", tmp_path / "out", from_format="release",
+           add_gate="headwise")
+    model = GatedQwenForCausalLM(GatedQwenConfig(**TINY, gate_position="value"))
+    model.save_pretrained(tmp_path / "g2")
+    refuse(r"release format cannot express this gate \(gate_position='value'", tmp_path / "g2", tmp_path / "out",
+           to_format="release")
+
+
+# -------------------------------------------------------------------------------------------- qwen3 -> gated_qwen
+@pytest.fixture(scope="module")
+def qwen3_sources(tmp_path_factory):
+    """Stock Qwen3 checkpoints (without and with attention_bias; the first saved in several shards) and their
+    logits."""
+    root = tmp_path_factory.mktemp("qwen3")
+    out = {}
+    for bias in (False, True):
+        model = randomize_(Qwen3ForCausalLM(Qwen3Config(**TINY, attention_bias=bias, tie_word_embeddings=False)))
+        model.save_pretrained(root / f"bias{bias}", max_shard_size="40KB")
+        out[bias] = (root / f"bias{bias}", logits(model))
+    return out
+
+
+def test_qwen3_without_gate_is_exact_and_sharded(qwen3_sources, tmp_path):
+    src, reference = qwen3_sources[False]
+    assert (src / "model.safetensors.index.json").exists()
+    convert(src, tmp_path / "gated", from_format="qwen3", verify=False)
+    index = json.loads((tmp_path / "gated" / "model.safetensors.index.json").read_text())
+    shard_bytes = [(tmp_path / "gated" / f).stat().st_size for f in set(index["weight_map"].values())]
+    largest_in = max(f.stat().st_size for f in src.glob("*.safetensors"))
+    assert len(shard_bytes) > 1 and max(shard_bytes) <= largest_in // 2 + 1024  # default: half; 1 KB header slack
+    model = load(GatedQwenForCausalLM, tmp_path / "gated")
+    assert model.config.gate_position is None
+    torch.testing.assert_close(logits(model), reference, rtol=0, atol=1e-6)
+
+
+ADD_GATE_VARIANTS = [  # (gate fields, source with attention_bias)
+    *[(dict(gate_granularity=g, gate_shared_across_heads=s, gate_activation=a), False)
+      for g in ("elementwise", "headwise") for s in (False, True) for a in ("sigmoid", "ns_sigmoid")],
+    (dict(gate_activation="silu", gate_bias=True), False),
+    (dict(gate_activation="identity", gate_bias=True), False),
+    (dict(gate_activation="silu", gate_input_dependent=False), False),
+    (dict(gate_activation="sigmoid", gate_input_dependent=False, gate_granularity="headwise"), False),
+    (dict(gate_combine="add", gate_activation="silu"), False),
+    (dict(gate_combine="add", gate_activation="identity", gate_granularity="headwise"), False),
+    (dict(gate_combine="add", gate_activation="sigmoid"), True),
+    (dict(gate_combine="add", gate_activation="ns_sigmoid", gate_shared_across_heads=True), True),
+    (dict(gate_bias=True, gate_layers=[1]), True),
+    *[(dict(gate_position=p), True) for p in ("value", "key", "query", "dense")],
+    (dict(gate_position="key", gate_combine="add", gate_activation="sigmoid"), True),
+]
+
+
+@pytest.mark.parametrize("fields,bias", ADD_GATE_VARIANTS, ids=lambda v: json.dumps(v) if isinstance(v, dict) else "")
+def test_qwen3_add_gate_preserves_logits(qwen3_sources, tmp_path, fields, bias):
+    src, reference = qwen3_sources[bias]
+    convert(src, tmp_path / "gated", from_format="qwen3", add_gate=json.dumps(fields), verify=False)
+    model = load(GatedQwenForCausalLM, tmp_path / "gated")
+    assert model.config.gate_position == fields.get("gate_position", "sdpa")
+    assert all(getattr(model.config, k) == v for k, v in fields.items())
+    torch.testing.assert_close(logits(model), reference, rtol=1e-5, atol=1e-5)
+
+
+def test_qwen3_add_gate_refusals(qwen3_sources, tmp_path, capsys):
+    src = qwen3_sources[False][0]
+    refuse(r"multiplicative silu gate with zero weights and no bias outputs silu\(0\) = 0", src, tmp_path / "o",
+           from_format="qwen3", add_gate='{"gate_activation": "silu"}')
+    refuse(r"multiplicative identity gate", src, tmp_path / "o", from_format="qwen3",
+           add_gate='{"gate_activation": "identity", "gate_granularity": "headwise"}')
+    refuse(r"additive sigmoid gate adds sigmoid\(x\) > 0 .* bias of v_proj; the source has attention_bias=false",
+           src, tmp_path / "o", from_format="qwen3", add_gate='{"gate_combine": "add"}')
+    refuse(r"not a variant", src, tmp_path / "o", from_format="qwen3", add_gate="elementwize")
+    refuse(r"`gate_granularity` must be one of", src, tmp_path / "o", from_format="qwen3",
+           add_gate='{"gate_granularity": "rowwise"}')
+    convert(src, tmp_path / "ok", from_format="qwen3", add_gate="headwise", verify=False)
+    assert "appendix A.7" in capsys.readouterr().err
+
+
+def test_verify_catches_a_wrong_conversion(qwen3_sources, tmp_path, monkeypatch):
+    """With the constant gate value not folded into o_proj the logits change; --verify must refuse to publish."""
+    src = qwen3_sources[False][0]
+    monkeypatch.setattr(qwen3_module, "gate_init", lambda config: (0.0, "none", 1.0))
+    with pytest.raises(VerificationError, match="logits differ"):
+        convert(src, tmp_path / "gated", from_format="qwen3", add_gate="elementwise", verify=True)
+    assert_nothing_written(tmp_path / "gated")
+
+
+# --------------------------------------------------------------------------------------- gated_qwen <-> Qwen3.5
+QWEN3_5_EXPORTS = [
+    dict(),
+    dict(gate_granularity="headwise", attention_bias=True),
+    dict(gate_shared_across_heads=True, gate_bias=True),
+    dict(gate_input_dependent=False, gate_layers=[0]),
+    dict(gate_position=None, num_key_value_heads=1),
+]
+
+
+@pytest.mark.parametrize("fields", QWEN3_5_EXPORTS, ids=lambda v: json.dumps(v))
+def test_gated_to_qwen3_5_loads_in_stock_class_and_back(tmp_path, fields):
+    config = GatedQwenConfig(**{**TINY, **fields}, tie_word_embeddings=False)
+    model = randomize_(GatedQwenForCausalLM(config))
+    model.save_pretrained(tmp_path / "gated")
+    reference = logits(model)
+    convert(tmp_path / "gated", tmp_path / "q35", to_format="qwen3_5", verify=False)
+    stock = load(Qwen3_5ForCausalLM, tmp_path / "q35")
+    assert set(stock.config.layer_types) == {"full_attention"}
+    assert stock.config.rope_parameters["partial_rotary_factor"] == 1.0
+    torch.testing.assert_close(logits(stock), reference, rtol=1e-5, atol=1e-5)
+    convert(tmp_path / "q35", tmp_path / "back", from_format="qwen3_5", verify=False)
+    back = load(GatedQwenForCausalLM, tmp_path / "back")
+    assert (back.config.gate_position, back.config.gate_granularity) == ("sdpa", "elementwise")
+    torch.testing.assert_close(logits(back), reference, rtol=1e-5, atol=1e-5)
+
+
+def test_stock_qwen3_5_and_dense_qwen3_next_import(tmp_path):
+    layers = ["full_attention"] * 2
+    q35 = randomize_(Qwen3_5ForCausalLM(Qwen3_5TextConfig(
+        **TINY, layer_types=layers, attention_bias=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0})), norm_center=0)
+    nxt = randomize_(Qwen3NextForCausalLM(Qwen3NextConfig(
+        **TINY, layer_types=layers, mlp_only_layers=[0, 1], num_experts=4, num_experts_per_tok=2,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0})), norm_center=0)
+    for name, model in (("q35", q35), ("next", nxt)):
+        model.save_pretrained(tmp_path / name)
+        convert(tmp_path / name, tmp_path / f"{name}-gated", from_format="qwen3_5", verify=name == "next")
+        gated = load(GatedQwenForCausalLM, tmp_path / f"{name}-gated")
+        torch.testing.assert_close(logits(gated), logits(model), rtol=1e-5, atol=1e-5)
+        norm = tensors(tmp_path / f"{name}-gated")["model.layers.0.self_attn.q_norm.weight"]
+        torch.testing.assert_close(norm, 1 + model.model.layers[0].self_attn.q_norm.weight.detach())
+
+
+def _config_only(folder: Path, config) -> Path:
+    folder.mkdir()
+    config.save_pretrained(folder)
+    save_file({"model.embed_tokens.weight": torch.zeros(VOCAB, 32)}, folder / "model.safetensors")
+    return folder
+
+
+def test_qwen3_5_refusals(tmp_path):
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0}
+    refuse(r"layers \[0, 1, 2\] of SRC are 'linear_attention'",
+           _config_only(tmp_path / "hybrid", Qwen3_5TextConfig(**{**TINY, "num_hidden_layers": 4},
+                                                               rope_parameters=rope)),
+           tmp_path / "o", from_format="qwen3_5")
+    refuse(r"partial_rotary_factor=0.25", _config_only(tmp_path / "partial", Qwen3_5TextConfig(
+        **TINY, layer_types=["full_attention"] * 2)), tmp_path / "o", from_format="qwen3_5")
+    refuse(r"layers \[1\] of SRC are mixture-of-experts", _config_only(tmp_path / "moe", Qwen3NextConfig(
+        **TINY, layer_types=["full_attention"] * 2, mlp_only_layers=[0], num_experts=4, rope_parameters=rope)),
+        tmp_path / "o", from_format="qwen3_5")
+    refuse(r"model_type='qwen3'; `--from qwen3_5` reads", _config_only(tmp_path / "q3", Qwen3Config(**TINY)),
+           tmp_path / "o", from_format="qwen3_5")
+    for i, (fields, match) in enumerate([
+        (dict(gate_position="query"), r"gates only the attention output"),
+        (dict(gate_combine="add", gate_activation="silu"), r"multiplies by the gate, it cannot add it"),
+        (dict(gate_activation="ns_sigmoid"), r"ns_sigmoid of a linear map is not the sigmoid"),
+        (dict(gate_position=None, sdpa_output_transform="rmsnorm"), r"no equivalent of sdpa_output_transform"),
+        (dict(use_qk_norm=False), r"always normalises queries and keys"),
+        (dict(use_sliding_window=True, sliding_window=8, max_window_layers=1), r"no sliding-window attention"),
+    ]):
+        GatedQwenForCausalLM(GatedQwenConfig(**TINY, **fields)).save_pretrained(tmp_path / f"g{i}")
+        refuse(match, tmp_path / f"g{i}", tmp_path / "o", to_format="qwen3_5")
+
+
+# ---------------------------------------------------------------------------------- destination, pickle and CLI
+def test_destination_overwrite_and_pickle(qwen3_sources, tmp_path, capsys):
+    src, reference = qwen3_sources[False]
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    (dst / "old.txt").write_text("old")
+    with pytest.raises(ConversionError, match="already exists; pass --overwrite"):
+        convert(src, dst, from_format="qwen3", verify=False)
+    with pytest.raises(ConversionError, match="gate_granularity"):  # a failing overwrite keeps the old folder
+        convert(src, dst, from_format="qwen3", add_gate='{"gate_granularity": "x"}', overwrite=True, verify=False)
+    assert (dst / "old.txt").read_text() == "old"
+    convert(src, dst, from_format="qwen3", overwrite=True, verify=False)
+    assert not (dst / "old.txt").exists()
+    umask = os.umask(0)
+    os.umask(umask)
+    assert {p.stat().st_mode & 0o777 for p in dst.iterdir()} == {0o666 & ~umask}
+    assert dst.stat().st_mode & 0o777 == 0o777 & ~umask
+    torch.testing.assert_close(logits(load(GatedQwenForCausalLM, dst)), reference, rtol=0, atol=1e-6)
+    assert [p.name for p in tmp_path.iterdir()] == ["dst"]  # no temporary or replaced folders left
+
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    (pickled / "config.json").write_text((src / "config.json").read_text())
+    torch.save(tensors(src), pickled / "pytorch_model.bin")
+    refuse(r"pickled PyTorch weights \(pytorch_model.bin\).*--allow-pickle", pickled, tmp_path / "p",
+           from_format="qwen3")
+    assert main(["convert", str(pickled), str(tmp_path / "p"), "--from", "qwen3", "--no-verify"]) == 2
+    assert "--allow-pickle" in capsys.readouterr().err
+    assert main(["convert", str(pickled), str(tmp_path / "p"), "--from", "qwen3", "--allow-pickle",
+                 "--max-shard-size", "1GB", "--no-verify"]) == 0
+    assert (tmp_path / "p" / "model.safetensors").exists()  # one shard: 1 GB holds it all
+    torch.testing.assert_close(logits(load(GatedQwenForCausalLM, tmp_path / "p")), reference, rtol=0, atol=1e-6)
+    refuse(r"exactly one of --from", src, tmp_path / "x")
