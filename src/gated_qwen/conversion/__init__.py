@@ -65,11 +65,12 @@ def convert(
     """Converts the checkpoint folder `src` into the new folder `dst` and returns `dst`.
 
     Exactly one of `from_format` (import into GatedQwen; one of `FROM_FORMATS`) and `to_format` (export a GatedQwen
-    checkpoint; one of `TO_FORMATS`). `add_gate`: only with `from_format="qwen3"`, `"elementwise"`, `"headwise"` or a
+    checkpoint; one of `TO_FORMATS`). `add_gate`: only with `from_format="qwen3"` (or `"qwen3_moe"`), `"elementwise"`, `"headwise"` or a
     dict / JSON object of gate fields. `max_shard_size` (bytes or e.g. `"2GB"`) defaults to half the size of the
     largest weight file of `src`: peak memory is about one output shard plus the imports (~0.45 GB), which keeps it
-    within 1.5x the largest input shard for shards of 0.5 GB or more. Raises `ConversionError` (a `ValueError`) with the reason before anything is
-    written, and `VerificationError` if verification fails (nothing is written then either).
+    within 1.5x the largest input shard for shards of 0.5 GB or more. Raises `ConversionError` (a `ValueError`) with
+    the reason before anything is written, and `VerificationError` if verification fails (nothing is written then
+    either).
     """
     if (from_format is None) == (to_format is None):
         raise ConversionError("give exactly one of --from FORMAT (import into gated_qwen) or --to FORMAT (export).")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-
 import torch
 
 from ..configuration_gated import GatedQwenConfig
@@ -120,14 +118,6 @@ def copy_rest(tmap: TensorMap, config, rename=lambda name: name) -> None:
         raise ConversionError(
             "SRC has no lm_head.weight and tie_word_embeddings is false: the output layer is missing."
         )
-
-
-LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
-
-
-def num_layers_in(ckpt: Checkpoint) -> int:
-    layers = {int(m.group(1)) for name in ckpt.tensors if (m := LAYER_RE.match(name))}
-    return max(layers) + 1 if layers else 0
 
 
 def g1_gate_rows(tmap: TensorMap, config: GatedQwenConfig, layer: int, width: int, with_bias: bool):
