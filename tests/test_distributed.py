@@ -56,10 +56,10 @@ def run(tmp_path_factory):
         model.save_pretrained(work / name)
     input_ids = torch.randint(0, TINY["vocab_size"], (4, 12), generator=torch.Generator().manual_seed(0))
     torch.save({"input_ids": input_ids, "lr": LR, "dtype": torch.float64}, work / "inputs.pt")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
                "--master_port", str(free_port()), str(SCRIPT), str(work), *(str(work / n) for n in VARIANTS)]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     return work, input_ids
 

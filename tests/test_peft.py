@@ -62,7 +62,7 @@ def test_gated_qwen_imports_without_peft():
         "assert register_peft_defaults() is False\n"
         "assert sys.modules['peft'] is None\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr
 
 
@@ -106,11 +106,14 @@ def test_gradient_checkpointing_recomputes_and_gives_the_same_lora_gradients():
         if checkpointing:
             model.activation_checkpointing_enable()
         peft_model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", init_lora_weights=False))
-        count = []
-        model.model.layers[0].self_attn.register_forward_hook(lambda *args: count.append(1))
+        calls[checkpointing] = 0
+
+        def count_call(*args, key=checkpointing):
+            calls[key] += 1
+
+        model.model.layers[0].self_attn.register_forward_hook(count_call)
         peft_model.train()
         peft_model(ids, labels=ids).loss.backward()
-        calls[checkpointing] = len(count)
         grads[checkpointing] = {n: p.grad for n, p in peft_model.named_parameters() if p.requires_grad}
     assert calls == {False: 1, True: 2}
     assert all(g is not None for g in grads[True].values()) and grads[True].keys() == grads[False].keys()
