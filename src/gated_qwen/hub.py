@@ -169,7 +169,8 @@ def load_model_config(model_dir: str | os.PathLike) -> GatedQwenConfig:
             f"{GatedQwenConfig.model_type!r}; convert it first (`gated-qwen convert`)."
         )
     auto_map = config_dict.get("auto_map") or {}
-    missing = sorted({f"{ref.split('.')[0]}.py" for ref in auto_map.values()} - {p.name for p in model_dir.iterdir()})
+    local = {ref.split(".")[0] + ".py" for ref in auto_map.values() if isinstance(ref, str) and "--" not in ref}
+    missing = sorted(local - {p.name for p in model_dir.iterdir()})
     if "AutoModelForCausalLM" not in auto_map or missing:
         raise CardError(
             f"MODEL_DIR {str(model_dir)!r} cannot be loaded without this package: "
