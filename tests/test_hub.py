@@ -89,8 +89,10 @@ def test_card_metadata_and_body(tmp_path):
 )
 def test_card_names_the_gate_variant_without_optional_metadata(tmp_path, gate, says):
     model = saved_model(tmp_path, **gate)
-    assert cli(["card", str(tmp_path)]) == 0
+    assert cli(["card", str(tmp_path), "--model-name", "Tiny Gated"]) == 0
     card = ModelCard.load(tmp_path / "README.md")
+    assert card.text.lstrip().startswith("# Tiny Gated\n")
+    assert 'from_pretrained("Tiny Gated", trust_remote_code=True)' in card.text  # --repo-id defaults to the name
     for phrase in says:
         assert phrase in card.text
     assert "recommended form" not in card.text
