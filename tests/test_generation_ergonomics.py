@@ -11,6 +11,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, TextIteratorStreamer, pipeline
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
+from torch_threads import single_thread  # noqa: F401  (the fixture below)
+
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 TEXTS = [
     "the gate sits after attention and before the output projection",

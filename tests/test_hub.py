@@ -21,6 +21,9 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 import gated_qwen.modeling_gated
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
+from torch_threads import single_thread  # noqa: F401  (the fixture below)
+
+pytestmark = pytest.mark.usefixtures("single_thread")
 from gated_qwen.cli import main as cli
 from gated_qwen.hub import model_card
 

@@ -13,6 +13,9 @@ from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPP
 from transformers import AutoModelForCausalLM
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
+from torch_threads import single_thread  # noqa: F401  (the fixture below)
+
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 TINY = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=8)
