@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch_threads import single_thread  # noqa: F401  (the fixture below)
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
-from torch_threads import single_thread  # noqa: F401  (the fixture below)
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -17,11 +17,11 @@ from huggingface_hub import ModelCard, constants
 from huggingface_hub.errors import OfflineModeIsEnabled
 from huggingface_hub.utils._http import default_client_factory
 from safetensors import safe_open
+from torch_threads import single_thread  # noqa: F401  (the fixture below)
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 import gated_qwen.modeling_gated
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
-from torch_threads import single_thread  # noqa: F401  (the fixture below)
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 from gated_qwen.cli import main as cli

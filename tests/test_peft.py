@@ -10,10 +10,10 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from peft.tuners.lora import LoraLayer
 from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
+from torch_threads import single_thread  # noqa: F401  (the fixture below)
 from transformers import AutoModelForCausalLM
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
-from torch_threads import single_thread  # noqa: F401  (the fixture below)
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

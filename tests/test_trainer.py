@@ -8,10 +8,10 @@ attention backends find the sequence boundaries from `position_ids`.
 import pytest
 import torch
 import torch.nn.functional as F
+from torch_threads import single_thread  # noqa: F401  (the fixture below)
 from transformers import AutoModelForCausalLM, DataCollatorWithFlattening, Trainer, TrainingArguments
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
-from torch_threads import single_thread  # noqa: F401  (the fixture below)
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
