@@ -1,9 +1,10 @@
 """Model cards for the Hugging Face Hub: `gated-qwen card MODEL_DIR` writes MODEL_DIR/README.md.
 
-The card (template: `hub_cards/model_card.md`, rendered by `huggingface_hub.ModelCard`) carries the metadata the Hub
-reads (`library_name: transformers`, `pipeline_tag: text-generation`, `license`, `base_model`, `tags` with
-`gated-attention` and `custom_code`, and `model-index` when evaluation results are given) and a body that states the
-gate variant and the sizes, how to load the model with and without this package, and the citation.
+The card (template: `hub_cards/model_card.md` at the repository root, shipped in the package through the link
+`gated_qwen/hub_cards`, rendered by `huggingface_hub.ModelCard`) carries the metadata the Hub reads
+(`library_name: transformers`, `pipeline_tag: text-generation`, `license`, `base_model`, `tags` with `gated-attention`
+and `custom_code`, and `model-index` when evaluation results are given) and a body that states the gate variant and
+the sizes, how to load the model with and without this package, and the citation.
 
 Publishing: `model.push_to_hub(repo_id)` uploads the weights, config.json (with `auto_map`), the code files and the
 card already in the repository (push one first with `model_card(config, ...).push_to_hub(repo_id)`); a folder with
