@@ -206,10 +206,16 @@ def fake_hub():
 
 
 def code_files() -> set[str]:
-    """The modeling file and every module it imports relatively (the Triton kernel once it does)."""
-    source = Path(gated_qwen.modeling_gated.__file__).read_text()
-    relative = re.findall(r"^\s*from \.(\w+) import", source, flags=re.MULTILINE)
-    return {"modeling_gated.py", *(f"{name}.py" for name in relative)}
+    """The modeling file and every module it reaches through relative imports (the backend adapter, the kernel)."""
+    package = Path(gated_qwen.modeling_gated.__file__).parent
+    found, todo = set(), ["modeling_gated.py"]
+    while todo:
+        name = todo.pop()
+        found.add(name)
+        source = (package / name).read_text()
+        relative = re.findall(r"^\s*from \.(\w+) import", source, flags=re.MULTILINE)
+        todo += [f"{module}.py" for module in relative if f"{module}.py" not in found]
+    return found
 
 
 FRESH_PROCESS = """

@@ -4,8 +4,8 @@ Models" (arXiv 2505.06708).
 Reads like `transformers/models/qwen3/modeling_qwen3.py`; the gate is the only new idea and lives in
 `GatedQwenAttention` (`g_proj`, `_gate_logits`, `_apply_gate`). Every variant of the paper is a config value.
 
-This file is copied to the Hugging Face Hub beside `configuration_gated.py` and the Triton kernel: relative
-imports only, and Triton only behind an availability guard.
+This file is copied to the Hugging Face Hub beside `configuration_gated.py`, the `gated_triton` attention backend
+(`gated_triton_backend.py`) and the Triton kernel it drives: relative imports only, Triton only behind a guard.
 """
 
 from __future__ import annotations
@@ -21,35 +21,24 @@ from transformers.cache_utils import Cache, DynamicCache
 from transformers.conversion_mapping import get_checkpoint_conversion_mapping, register_checkpoint_conversion_mapping
 from transformers.generation import GenerationMixin
 from transformers.integrations import use_experts_implementation
-from transformers.masking_utils import (
-    AttentionMaskInterface,
-    create_causal_mask,
-    create_sliding_window_causal_mask,
-    flash_attention_mask,
-)
+from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 from transformers.modeling_layers import GenericForSequenceClassification, GradientCheckpointingLayer
 from transformers.modeling_outputs import MoeCausalLMOutputWithPast, MoeModelOutputWithPast
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, dynamic_rope_update
-from transformers.modeling_utils import (
-    ALL_ATTENTION_FUNCTIONS,
-    AttentionInterface,
-    PreTrainedModel,
-    slice_logits_to_keep,
-)
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel, slice_logits_to_keep
 from transformers.models.qwen3_moe.modeling_qwen3_moe import (
     Qwen3MoeExperts,
     Qwen3MoeTopKRouter,
     load_balancing_loss_func,
 )
 from transformers.processing_utils import Unpack
-from transformers.utils import TransformersKwargs, can_return_tuple, is_torch_distributed_available, logging
+from transformers.utils import TransformersKwargs, can_return_tuple, is_torch_distributed_available
 from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_gated import GatedQwenConfig
-from .naive_gated_attention import naive_gated_attention
-from .triton_gated_attention import gated_attention, gated_attention_unsupported_reason, triton_available
+from .gated_triton_backend import gated_triton_is_default  # registers attn_implementation="gated_triton"
 
 
 class GatedQwenRMSNorm(nn.Module):
@@ -228,131 +217,6 @@ def eager_attention_forward(
     attn_weights = nn.functional.dropout(attn_weights, p=dropout, training=module.training)
     attn_output = torch.matmul(attn_weights, value_states)
     return attn_output.transpose(1, 2).contiguous(), attn_weights
-
-
-# ---- Fused Triton backend: attn_implementation="gated_triton" ---------------------------------------------------
-# The kernel (triton_gated_attention.py) applies the G1 sigmoid gate to its fp32 accumulator, so the module hands it
-# the gate logits (`fuses_output_gate`) instead of multiplying afterwards. Masks are FlashAttention-style (a 2-D
-# padding mask or None); padding, DataCollatorWithFlattening's `cu_seq_lens_*` and packed `position_ids` become the
-# kernel's varlen layout. Where the kernel cannot run (no Triton; CPU tensors without TRITON_INTERPRET) the same call
-# goes to the PyTorch reference, which has the same signature.
-logger = logging.get_logger(__name__)
-
-
-def _varlen_from_padding_mask(mask: torch.Tensor, q_len: int):
-    """`mask: [B, S_k]` bool, True = token; queries are its last `q_len` columns.
-
-    -> `(rows_q [T_q], rows_k [T_k])` indices of the kept tokens in the flattened `[B * S]` layouts,
-    `(cu_q, cu_k)` int32 `[B + 1]` offsets, `(max_q, max_k)` Python ints."""
-    q_mask = mask[:, -q_len:]
-    rows_q, rows_k = q_mask.flatten().nonzero().squeeze(1), mask.flatten().nonzero().squeeze(1)
-    lens_q, lens_k = q_mask.sum(1, dtype=torch.int32), mask.sum(1, dtype=torch.int32)
-    cu_q, cu_k = (F.pad(lens.cumsum(0, dtype=torch.int32), (1, 0)) for lens in (lens_q, lens_k))
-    return (rows_q, rows_k), (cu_q, cu_k), (int(lens_q.max()), int(lens_k.max()))
-
-
-def _varlen_from_position_ids(position_ids: torch.Tensor, batch: int, seq_len: int):
-    """Packed rows, `position_ids: [B or 1, S]`: a sequence starts at each row start and wherever the position does
-    not grow by one (the rule of `masking_utils.find_packed_sequence_indices`, which sdpa's mask follows).
-
-    -> `(cu [N + 1] int32 offsets into the flattened [B * S] tokens, longest length)`, or None when nothing is packed.
-    """
-    pos = position_ids.expand(batch, seq_len)
-    starts = torch.ones_like(pos, dtype=torch.bool)
-    starts[:, 1:] = pos[:, 1:] - pos[:, :-1] != 1
-    if int(starts.sum()) == batch:
-        return None
-    begins = starts.flatten().nonzero().squeeze(1).to(torch.int32)
-    cu = torch.cat([begins, begins.new_tensor([batch * seq_len])])
-    return cu, int((cu[1:] - cu[:-1]).max())
-
-
-def gated_triton_attention_forward(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float | None = None,
-    dropout: float = 0.0,
-    output_gate: torch.Tensor | None = None,
-    **kwargs: Unpack[TransformersKwargs],
-) -> tuple[torch.Tensor, None]:
-    """`query: [B, Hq, S, D]`, `key, value: [B, Hkv, S_k, D]` (GQA not expanded), `attention_mask: [B, S_k]` bool
-    (True = token) or None, `output_gate`: G1 gate logits `[B, S, Hq, D]` or `[B, S, Hq, 1]` (any strides) or None
-    -> `(out [B, S, Hq, D] = attention ⊙ sigmoid(output_gate), None)`. Causal, aligned bottom-right with a cache.
-
-    Packed sequences arrive as `cu_seq_lens_q/k` + `max_length_q/k` (DataCollatorWithFlattening) or as restarting
-    `position_ids`; padded query rows come back as zeros."""
-    if dropout:
-        raise ValueError(f"attn_implementation='gated_triton' has no attention dropout (got {dropout}); set "
-                         "config.attention_dropout=0.0 or use 'sdpa'")
-    if kwargs.get("sliding_window") is not None:
-        raise ValueError("attn_implementation='gated_triton' does not support sliding-window layers; use 'sdpa' or "
-                         "'flash_attention_2' for configs with use_sliding_window=True")
-    if attention_mask is not None and attention_mask.dim() != 2:
-        raise ValueError(f"attn_implementation='gated_triton' takes a 2-D padding mask [B, S_k], got shape "
-                         f"{tuple(attention_mask.shape)}; use 'sdpa' or 'eager' for custom 4-D masks")
-    causal = kwargs.get("is_causal")
-    causal = getattr(module, "is_causal", True) if causal is None else bool(causal)
-    q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # [B, S, H, D] views, no copy
-    batch, q_len, heads, head_dim = q.shape
-    reason = gated_attention_unsupported_reason(q, k, v, output_gate)
-    attend = gated_attention if reason is None else naive_gated_attention
-    if reason is not None:
-        logger.warning_once(f"gated_triton: the Triton kernel cannot run here ({reason}); using the slow PyTorch "
-                            "reference instead")
-
-    def flat(t):  # [B, S, ...] -> [B * S, ...]
-        return t.reshape(-1, *t.shape[2:])
-
-    if attention_mask is not None:  # padding: attend over the kept tokens only, then scatter back
-        mask = attention_mask.bool()
-        k, v = k[:, : mask.shape[1]], v[:, : mask.shape[1]]  # a static cache is longer than the tokens seen
-        (rows_q, rows_k), (cu_q, cu_k), (max_q, max_k) = _varlen_from_padding_mask(mask, q_len)
-        gate = None if output_gate is None else flat(output_gate)[rows_q]
-        packed = attend(flat(q)[rows_q], flat(k)[rows_k], flat(v)[rows_k], gate, causal=causal, scale=scaling,
-                        cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k)
-        out = packed.new_zeros(batch * q_len, heads, head_dim).index_copy(0, rows_q, packed)
-        return out.view(batch, q_len, heads, head_dim), None
-
-    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
-    max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
-    position_ids = kwargs.get("position_ids")
-    if cu_q is None and position_ids is not None and q_len > 1 and q_len == k.shape[1]:
-        found = _varlen_from_position_ids(position_ids, batch, q_len)
-        if found is not None:
-            cu_q, max_q = found
-            cu_k, max_k = cu_q, max_q
-    if cu_q is not None:  # packed sequences: the flattened batch is the varlen batch
-        cu_k = cu_q if cu_k is None else cu_k
-        max_q = None if max_q is None else int(max_q)
-        max_k = max_q if max_k is None else int(max_k)
-        out = attend(flat(q), flat(k), flat(v), None if output_gate is None else flat(output_gate), causal=causal,
-                     scale=scaling, cu_seqlens_q=cu_q.to(torch.int32), cu_seqlens_k=cu_k.to(torch.int32),
-                     max_seqlen_q=max_q, max_seqlen_k=max_k)
-        return out.view(batch, q_len, heads, head_dim), None
-
-    return attend(q, k, v, output_gate, causal=causal, scale=scaling), None
-
-
-gated_triton_attention_forward.fuses_output_gate = True
-AttentionInterface.register("gated_triton", gated_triton_attention_forward)
-AttentionMaskInterface.register("gated_triton", flash_attention_mask)  # without it padding would be ignored
-
-
-def gated_triton_is_default(config: GatedQwenConfig) -> bool:
-    """`gated_triton` is the default attention where it runs natively (a CUDA GPU and Triton) and the config needs
-    nothing it lacks (sliding windows, attention dropout); elsewhere the default stays `sdpa`."""
-    return (
-        torch.cuda.is_available()
-        and triton_available()
-        and "sliding_attention" not in (config.layer_types or [])
-        and not config.attention_dropout
-    )
-
-
-# ---- end of the gated_triton backend ------------------------------------------------------------------------------
 
 
 def _ns_sigmoid(x: torch.Tensor) -> torch.Tensor:
