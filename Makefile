@@ -21,11 +21,14 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -c "import torch, transformers, gated_qwen, peft, triton, hypothesis, matplotlib"
 	touch $(STAMP)
 
+# Two worker processes (pytest-xdist), one file each at a time, one thread each (tests/conftest.py).
+PYTEST := $(PY) -m pytest -q -n 2 --dist loadfile
+
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PYTEST)
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	$(PYTEST) -m "not slow"
 
 demo: $(STAMP)
 	$(VENV)/bin/gated-qwen reproduce

@@ -18,11 +18,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch_threads import single_thread  # noqa: F401  (the fixture below)
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
 
-pytestmark = pytest.mark.usefixtures("single_thread")
 
 SCRIPT = Path(__file__).parent / "dist_scripts" / "tp_and_fsdp.py"
 TINY = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

@@ -8,12 +8,10 @@ from threading import Thread
 import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from torch_threads import single_thread  # noqa: F401  (the fixture below)
 from transformers import PreTrainedTokenizerFast, TextIteratorStreamer, pipeline
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
 
-pytestmark = pytest.mark.usefixtures("single_thread")
 
 TEXTS = [
     "the gate sits after attention and before the output projection",

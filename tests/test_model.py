@@ -23,6 +23,7 @@ from transformers import (
 )
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, GatedQwenForSequenceClassification, GatedQwenModel
+from helpers import randomize_
 
 VOCAB = 97
 
@@ -32,18 +33,6 @@ def tiny(**overrides) -> dict:
                   num_key_value_heads=2, head_dim=16, max_position_embeddings=256, tie_word_embeddings=False)
     fields.update(overrides)
     return fields
-
-
-def randomize_(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Random values in every parameter, norms included (a norm weight of ones would hide a missing norm)."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight") or "layernorm" in name:
-                param.copy_(1 + 0.3 * torch.randn(param.shape, generator=generator))
-            else:
-                param.copy_(0.08 * torch.randn(param.shape, generator=generator))
-    return model
 
 
 def gated(attn="sdpa", seed=0, **overrides) -> GatedQwenForCausalLM:
@@ -430,7 +419,8 @@ def test_remote_code_load_without_the_package(tmp_path):
     with torch.no_grad():
         expected = {"ids": x, "logits": model(x).logits, "hidden": model.model(x).last_hidden_state}
     torch.save(expected, tmp_path / "expected.pt")
-    env = {"HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+    env = {"HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin",
+           "OMP_NUM_THREADS": "1"}  # the test process computes on one thread (conftest.py): same reductions
     result = subprocess.run(
         [sys.executable, "-c", REMOTE_CODE_CHECK, str(tmp_path / "model"), str(tmp_path / "expected.pt")],
         capture_output=True, text=True, env=env, timeout=300,

@@ -23,6 +23,7 @@ from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
 from gated_qwen.cli import main as cli
 from gated_qwen.conversion import ConversionError
 from gated_qwen.modeling_gated import GatedQwenSparseMoeBlock, router_z_loss_func
+from helpers import randomize_
 
 VOCAB = 97
 
@@ -33,18 +34,6 @@ def tiny(**overrides) -> dict:
                   num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
     fields.update(overrides)
     return fields
-
-
-def randomize_(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Random values in every parameter, norms included (a norm weight of ones would hide a missing norm)."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight") or "layernorm" in name:
-                param.copy_(1 + 0.3 * torch.randn(param.shape, generator=generator))
-            else:
-                param.copy_(0.08 * torch.randn(param.shape, generator=generator))
-    return model
 
 
 def gated(seed=0, **overrides) -> GatedQwenForCausalLM:
@@ -417,7 +406,8 @@ def test_save_load_and_remote_code_without_the_package(tmp_path):
     with torch.no_grad():
         out = model(x, output_router_logits=True)
     torch.save({"ids": x, "logits": out.logits, "router_logits": out.router_logits}, tmp_path / "expected.pt")
-    env = {"HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+    env = {"HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin",
+           "OMP_NUM_THREADS": "1"}  # the test process computes on one thread (conftest.py): same reductions
     result = subprocess.run(
         [sys.executable, "-c", REMOTE_CODE_CHECK, str(tmp_path / "model"), str(tmp_path / "expected.pt")],
         capture_output=True, text=True, env=env, timeout=300,

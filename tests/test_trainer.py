@@ -8,12 +8,10 @@ attention backends find the sequence boundaries from `position_ids`.
 import pytest
 import torch
 import torch.nn.functional as F
-from torch_threads import single_thread  # noqa: F401  (the fixture below)
 from transformers import AutoModelForCausalLM, DataCollatorWithFlattening, Trainer, TrainingArguments
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
 
-pytestmark = pytest.mark.usefixtures("single_thread")
 
 TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=8)
