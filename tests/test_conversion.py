@@ -14,8 +14,14 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
-from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3Config, Qwen3ForCausalLM, Qwen3NextConfig, \
-    Qwen3NextForCausalLM
+from transformers import (
+    Qwen3_5ForCausalLM,
+    Qwen3_5TextConfig,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3NextConfig,
+    Qwen3NextForCausalLM,
+)
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
 from gated_qwen.cli import main
@@ -160,7 +166,7 @@ def release_forward(logical: dict, kv_heads: int, variant: str, qkv_bias: bool, 
         x = rms(h, w["ln1"])
         zero = dict(bq=torch.zeros(heads, head_dim), bg=torch.zeros(heads, w["wg"].shape[1]), bo=torch.zeros(
             h.shape[-1]), bk=torch.zeros(kv_heads, head_dim), bv=torch.zeros(kv_heads, head_dim))
-        b = (lambda name: w[name]) if qkv_bias else zero.get
+        b = (lambda name: w[name]) if qkv_bias else zero.get  # noqa: B023 (called within this iteration)
         q = torch.einsum("bsi,hdi->bhsd", x, w["wq"]) + b("bq")[None, :, None]
         k = torch.einsum("bsi,hdi->bhsd", x, w["wk"]) + b("bk")[None, :, None]
         v = torch.einsum("bsi,hdi->bhsd", x, w["wv"]) + b("bv")[None, :, None]

@@ -21,7 +21,6 @@ import torch
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
 
-
 SCRIPT = Path(__file__).parent / "dist_scripts" / "tp_and_fsdp.py"
 TINY = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16)

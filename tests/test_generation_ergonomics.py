@@ -12,7 +12,6 @@ from transformers import PreTrainedTokenizerFast, TextIteratorStreamer, pipeline
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
 
-
 TEXTS = [
     "the gate sits after attention and before the output projection",
     "a sigmoid gate on the attention output makes it sparse",

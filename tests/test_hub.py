@@ -21,7 +21,6 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 import gated_qwen.modeling_gated
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
-
 from gated_qwen.cli import main as cli
 from gated_qwen.hub import model_card
 

@@ -8,11 +8,10 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import randomize_
 from transformers import (
     AutoConfig,
-    AutoModel,
     AutoModelForCausalLM,
-    AutoModelForSequenceClassification,
     LlamaConfig,
     LlamaForCausalLM,
     Qwen3_5ForCausalLM,
@@ -23,7 +22,6 @@ from transformers import (
 )
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, GatedQwenForSequenceClassification, GatedQwenModel
-from helpers import randomize_
 
 VOCAB = 97
 

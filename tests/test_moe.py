@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import randomize_
 from transformers import (
     AutoModelForCausalLM,
     Qwen3MoeConfig,
@@ -23,7 +24,6 @@ from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
 from gated_qwen.cli import main as cli
 from gated_qwen.conversion import ConversionError
 from gated_qwen.modeling_gated import GatedQwenSparseMoeBlock, router_z_loss_func
-from helpers import randomize_
 
 VOCAB = 97
 

@@ -12,7 +12,6 @@ from transformers import AutoModelForCausalLM, DataCollatorWithFlattening, Train
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
 
-
 TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=8)
 PAD = 0

@@ -27,9 +27,18 @@ import os
 import sys
 from pathlib import Path
 
-from .io import Checkpoint, ConversionError, carry_files, check_destination, parse_size, publish, staging_folder, \
-    write_weights
-from .verify import VERIFY_MAX_PARAMETERS, VERIFY_RTOL, VerificationError, verify as _verify
+from .io import (
+    Checkpoint,
+    ConversionError,
+    carry_files,
+    check_destination,
+    parse_size,
+    publish,
+    staging_folder,
+    write_weights,
+)
+from .verify import VERIFY_MAX_PARAMETERS, VERIFY_RTOL, VerificationError
+from .verify import verify as _verify
 
 FROM_FORMATS = ("release", "qwen3", "qwen3_5", "qwen3_next", "qwen3_moe")
 TO_FORMATS = ("release", "qwen3_5", "qwen3_next")

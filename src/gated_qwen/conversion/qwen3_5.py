@@ -27,8 +27,19 @@ from __future__ import annotations
 import torch
 
 from ..configuration_gated import GatedQwenConfig
-from .common import FINAL_NORM, LAYER_NORMS, QWEN3_FIELDS, TensorMap, check_g1_sigmoid, copy_rest, g1_gate_rows, \
-    load_gated_config, shifted_norm, source_dtype, zeros
+from .common import (
+    FINAL_NORM,
+    LAYER_NORMS,
+    QWEN3_FIELDS,
+    TensorMap,
+    check_g1_sigmoid,
+    copy_rest,
+    g1_gate_rows,
+    load_gated_config,
+    shifted_norm,
+    source_dtype,
+    zeros,
+)
 from .io import Checkpoint, ConversionError, TensorPlan
 
 IMPORT_MODEL_TYPES = ("qwen3_5_text", "qwen3_next")

@@ -20,8 +20,16 @@ from __future__ import annotations
 import torch
 
 from ..configuration_gated import GatedQwenConfig
-from .common import QWEN3_FIELDS, TensorMap, check_g1_sigmoid, copy_rest, g1_gate_rows, load_gated_config, \
-    source_dtype, zeros
+from .common import (
+    QWEN3_FIELDS,
+    TensorMap,
+    check_g1_sigmoid,
+    copy_rest,
+    g1_gate_rows,
+    load_gated_config,
+    source_dtype,
+    zeros,
+)
 from .io import Checkpoint, ConversionError, TensorPlan
 
 # The official configuration's defaults (`configuration_qwen3.py` of qiuzh20/gated_attention).
