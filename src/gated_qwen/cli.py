@@ -8,7 +8,7 @@ import sys
 
 # Modules that define `register(subparsers)`: it adds one or more subcommands whose `func(args) -> int` runs them.
 COMMAND_MODULES = [
-    "gated_qwen.train_demo",
+    "gated_qwen.analysis.cli",
     "gated_qwen.conversion.cli",
     "gated_qwen.hub",
 ]

@@ -1,0 +1,269 @@
+"""`gated-qwen analyze`, `gated-qwen eval-ppl` and `gated-qwen reproduce`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .data import HELDOUT_SEED, SyntheticLanguage
+from .report import markdown_table, output_folder
+
+
+# ------------------------------------------------------------------------------------------------ input data
+class Inputs:
+    """Held-out token windows for a model: from a text file (the model folder's tokenizer), a safetensors file of
+    `input_ids` `[N, S]`, or, by default, the built-in synthetic corpus (for models trained on it by
+    `reproduce`). Every window starts the way training sequences did: with BOS where there is one."""
+
+    def __init__(self, model_path: str, vocab_size: int, text: str | None, tokens: str | None):
+        self.vocab_size = vocab_size
+        self.stream = self.rows = None
+        if text:
+            from transformers import AutoTokenizer
+
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(model_path)
+            except (OSError, ValueError) as error:
+                raise ValueError(f"--text needs a tokenizer in MODEL {model_path!r}, and none loads ({error}). Pass "
+                                 "--tokens FILE (a safetensors file holding `input_ids` [N, S]) instead.") from None
+            self.stream = tokenizer(Path(text).read_text(), add_special_tokens=False)["input_ids"]
+            self.bos = tokenizer.bos_token_id
+            self.description = f"{text} ({len(self.stream)} tokens, {type(tokenizer).__name__})"
+        elif tokens:
+            from safetensors.torch import load_file
+
+            tensors = load_file(tokens)
+            if "input_ids" not in tensors or tensors["input_ids"].dim() != 2:
+                raise ValueError(f"--tokens {tokens!r} must hold a 2-D integer tensor `input_ids` [N, S]; it holds "
+                                 f"{ {k: tuple(v.shape) for k, v in tensors.items()} }.")
+            self.rows = tensors["input_ids"].long()
+            self.description = f"{tokens} ({self.rows.shape[0]} x {self.rows.shape[1]} tokens)"
+        else:
+            language = SyntheticLanguage()
+            if vocab_size != language.vocab_size:
+                raise ValueError(
+                    f"Without --text or --tokens the input is the built-in synthetic corpus, whose {language.vocab_size}"
+                    f" ids do not match MODEL's vocabulary of {vocab_size}. Pass --text FILE (tokenized with MODEL's "
+                    "tokenizer) or --tokens FILE.")
+            self.language = language
+            self.description = "built-in synthetic corpus, held-out documents"
+
+    def windows(self, length: int, count: int) -> torch.Tensor:
+        """`[n, length]` with n <= `count` windows (fewer only when a text is too short for `count`)."""
+        if self.stream is not None:
+            body = length - (self.bos is not None)
+            n = min(count, len(self.stream) // body)
+            if n == 0:
+                raise ValueError(f"The text has {len(self.stream)} tokens: too few for one window of {length}.")
+            ids = torch.tensor(self.stream[: n * body]).view(n, body)
+            if self.bos is not None:
+                ids = torch.cat([torch.full((n, 1), self.bos), ids], dim=1)
+        elif self.rows is not None:
+            if self.rows.shape[1] < length:
+                raise ValueError(f"--tokens holds sequences of {self.rows.shape[1]} tokens, shorter than the length "
+                                 f"{length} asked for.")
+            ids = self.rows[:count, :length]
+        else:
+            ids = self.language.sample(count, length, seed=HELDOUT_SEED)
+        if int(ids.max()) >= self.vocab_size or int(ids.min()) < 0:
+            raise ValueError(f"The input holds token ids outside MODEL's vocabulary [0, {self.vocab_size}).")
+        return ids
+
+
+def _load_model(path: str, dtype: str, device: str):
+    from transformers import AutoModelForCausalLM
+
+    from .. import GatedQwenConfig  # noqa: F401  (registers model_type "gated_qwen")
+
+    if not Path(path).is_dir():
+        raise ValueError(f"MODEL {path!r} is not a folder; pass a folder written by save_pretrained.")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), attn_implementation="sdpa")
+    if model.config.model_type != "gated_qwen":
+        raise ValueError(f"MODEL {path!r} is a {model.config.model_type!r} model; the analysis reads GatedQwen "
+                         "models (convert it first with `gated-qwen convert`).")
+    return model.to(device).eval()
+
+
+def _device(name: str) -> str:
+    return ("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name
+
+
+# --------------------------------------------------------------------------------------------------- analyze
+def run_analyze(args) -> int:
+    from . import measure
+    from .report import check_output_folder, write_analysis
+
+    check_output_folder(Path(args.out), args.overwrite)  # before the slow part
+    model = _load_model(args.model, args.dtype, _device(args.device))
+    inputs = Inputs(args.model, model.config.vocab_size, args.text, args.tokens)
+    ids = inputs.windows(args.length, args.sequences)
+    layers = model.config.num_hidden_layers
+    map_layers = args.map_layers if args.map_layers is not None else sorted({0, layers // 2, layers - 1})
+    with output_folder(Path(args.out), args.overwrite) as folder:
+        started = time.perf_counter()
+        result = measure.analyze(model, ids, batch_size=args.batch_size, map_tokens=args.map_tokens,
+                                 map_layers=map_layers, progress=ids.numel() >= 8192)
+        meta = {"model": args.model, "data": inputs.description, "sequences": ids.shape[0], "length": ids.shape[1],
+                "seconds": time.perf_counter() - started, "device": str(next(model.parameters()).device)}
+        text = write_analysis(folder, result, meta)
+    print(text.split("## Per layer")[0].strip())
+    print(f"\nWrote {args.out}/report.md, report.json and plots.")
+    return 0
+
+
+# -------------------------------------------------------------------------------------------------- eval-ppl
+def run_eval_ppl(args) -> int:
+    from .measure import perplexity_by_length
+
+    if args.out and Path(args.out).exists() and not args.overwrite:
+        raise ValueError(f"--out {args.out!r} exists; pass --overwrite to replace it.")
+    model = _load_model(args.model, args.dtype, _device(args.device))
+    inputs = Inputs(args.model, model.config.vocab_size, args.text, args.tokens)
+    rows = perplexity_by_length(model, lambda length: inputs.windows(length, args.sequences), args.lengths,
+                                yarn_factor=args.yarn, batch_size=args.batch_size)
+    header = ["length", "sequences", "PPL"] + ([f"PPL with YaRN x{args.yarn:g}"] if args.yarn else [])
+    print(f"{args.model} on {inputs.description} (trained context: {model.config.max_position_embeddings})")
+    print(markdown_table(header, [[r["length"], r["sequences"], r["ppl"]] + ([r["ppl_yarn"]] if args.yarn else [])
+                                  for r in rows]))
+    if args.out:
+        tmp = Path(args.out).with_name(Path(args.out).name + ".partial")
+        tmp.write_text(json.dumps({"model": args.model, "data": inputs.description, "yarn_factor": args.yarn,
+                                   "rows": rows}, indent=1) + "\n")
+        os.replace(tmp, args.out)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------- reproduce
+def run_reproduce(args) -> int:
+    from . import reproduce
+    from .report import check_output_folder, write_reproduce
+
+    base = reproduce.PRESETS[args.preset]
+    size = {}
+    if args.hidden_size:
+        if args.hidden_size % base.num_attention_heads:
+            raise ValueError(f"--hidden-size {args.hidden_size} must be a multiple of the {base.num_attention_heads} "
+                             "attention heads.")
+        size = dict(hidden_size=args.hidden_size, head_dim=args.hidden_size // base.num_attention_heads,
+                    intermediate_size=3 * args.hidden_size)
+    preset = reproduce.customised(
+        base, steps=args.steps, num_hidden_layers=args.layers, seq_len=args.seq_len, batch_size=args.batch_size,
+        learning_rates=tuple(args.learning_rates) if args.learning_rates else None, **size)
+    variants = args.variants.split(",") if args.variants else list(reproduce.VARIANTS)
+    unknown = [v for v in variants if v not in reproduce.VARIANTS]
+    if unknown:
+        raise ValueError(f"--variants: unknown {unknown}; choose from {list(reproduce.VARIANTS)}.")
+    if args.seed == HELDOUT_SEED:
+        raise ValueError(f"--seed {HELDOUT_SEED} draws the held-out documents; choose another seed.")
+    for variant in variants:
+        reproduce.model_config(preset, variant)  # a size the model refuses fails now, not in a worker
+    check_output_folder(Path(args.out), args.overwrite)
+    runs = len(variants) * len(preset.learning_rates)
+    jobs = args.jobs or (1 if torch.cuda.is_available() else min(runs, os.cpu_count() or 1))
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"{os.cpu_count()} CPU cores"
+    with output_folder(Path(args.out), args.overwrite) as folder:
+        from safetensors.torch import save_file
+
+        started = time.perf_counter()
+        results = reproduce.run_all(preset, variants, args.seed, folder / "models", jobs)
+        save_file({"input_ids": reproduce.held_out(preset).contiguous()}, str(folder / "heldout.safetensors"))
+        meta = {"seed": args.seed, "preset": args.preset, "jobs": jobs, "device": device,
+                "seconds": time.perf_counter() - started, "environment": reproduce.environment()}
+        text = write_reproduce(folder, reproduce.preset_dict(preset), variants, preset.learning_rates, results, meta)
+    body = text.split("## Plots")[0]
+    print(body.strip())
+    print(f"\nWrote {args.out}/report.md, report.json, plots and models in {meta['seconds']:.0f} s.")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------- parser
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0 or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def _yarn_factor(text: str) -> float:
+    value = float(text)
+    if not value > 1 or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"YaRN factor must be > 1 (the context extension ratio), got {text}")
+    return value
+
+
+def _add_model_inputs(parser) -> None:
+    parser.add_argument("model", metavar="MODEL", help="a GatedQwen model folder (save_pretrained)")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--text", metavar="FILE", help="held-out text, tokenized with MODEL's tokenizer")
+    source.add_argument("--tokens", metavar="FILE", help="safetensors file with `input_ids` [N, S] (e.g. the "
+                        "heldout.safetensors of a reproduce run); default: the built-in synthetic corpus")
+    parser.add_argument("--batch-size", type=_positive_int, default=1)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda when available)")
+
+
+def _guarded(func):
+    def run(args) -> int:
+        try:
+            return func(args)
+        except ValueError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+
+    return run
+
+
+def register(subparsers) -> None:
+    from . import reproduce
+
+    parser = subparsers.add_parser(
+        "analyze", help="F-Attn, M-Act, gate statistics and attention maps of a model (report.md, report.json, PNGs)")
+    _add_model_inputs(parser)
+    parser.add_argument("--out", required=True, metavar="DIR", help="output folder (created whole or not at all)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing non-empty --out")
+    parser.add_argument("--length", type=_positive_int, default=2048, help="tokens per sequence (default 2048)")
+    parser.add_argument("--sequences", type=_positive_int, default=1, help="sequences to average over (default 1)")
+    parser.add_argument("--map-tokens", type=_positive_int, default=32, help="attention maps of the first N tokens")
+    parser.add_argument("--map-layers", type=int, nargs="+", help="layers to draw (default: first, middle, last)")
+    parser.set_defaults(func=_guarded(run_analyze))
+
+    parser = subparsers.add_parser("eval-ppl", help="perplexity against context length, with and without YaRN")
+    _add_model_inputs(parser)
+    parser.add_argument("--lengths", type=_positive_int, nargs="+", required=True, help="context lengths")
+    parser.add_argument("--yarn", type=_yarn_factor, metavar="FACTOR",
+                        help="also evaluate with YaRN extending the trained context by FACTOR")
+    parser.add_argument("--sequences", type=_positive_int, default=8, help="windows per length (default 8)")
+    parser.add_argument("--out", metavar="FILE", help="also write the rows as JSON")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    parser.set_defaults(func=_guarded(run_eval_ppl))
+
+    parser = subparsers.add_parser(
+        "reproduce", help="train tiny baseline/gated models on built-in data, analyse them, write report.md (the demo)")
+    parser.add_argument("--preset", choices=list(reproduce.PRESETS), default="default",
+                        help="smoke: seconds; default: ~5 min on 2 CPU cores; large: a GPU or an afternoon")
+    parser.add_argument("--variants", help=f"comma-separated subset of {','.join(reproduce.VARIANTS)}")
+    parser.add_argument("--steps", type=_positive_int, help="training steps per run")
+    parser.add_argument("--hidden-size", type=_positive_int, help="model width (heads keep their number)")
+    parser.add_argument("--layers", type=_positive_int, help="decoder layers")
+    parser.add_argument("--seq-len", type=_positive_int, help="training context length")
+    parser.add_argument("--batch-size", type=_positive_int, help="sequences per step")
+    parser.add_argument("--learning-rates", type=_positive_float, nargs=2, metavar=("STANDARD", "HIGH"))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--jobs", type=_positive_int, help="runs trained at once (default: one per CPU core on CPU)")
+    parser.add_argument("--out", default="runs/reproduce", metavar="DIR", help="output folder (default runs/reproduce)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing non-empty --out")
+    parser.set_defaults(func=_guarded(run_reproduce))

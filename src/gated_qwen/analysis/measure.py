@@ -1,0 +1,346 @@
+"""What the paper measures (Qiu et al. 2025, section 4.3 and table 4), on any GatedQwen model:
+
+- F-Attn: the attention probability each query puts on the first token, per layer and head, computed from the
+  queries and keys without the sequence x sequence attention map: `p(key 0) = exp(score_0 - logsumexp(scores))`,
+  with the logsumexp taken over chunks of query rows, so memory stays linear in the sequence length;
+- M-Act: the maximum |hidden state| output by each decoder layer, and where it occurs;
+- mean |SDPA output| per layer before the gate and after it (what enters `o_proj`);
+- gate statistics per layer and head: mean score, histogram, share of scores below 0.1 and 0.5;
+- perplexity against context length, with and without YaRN.
+
+The model runs with a capturing attention function (`CAPTURE_ATTENTION`) that computes exactly what SDPA computes
+and shows the queries, keys and output of every layer to this module; a backend that fuses the gate into attention
+would return the gated output instead, so the analysis always switches to it and restores the model's own after.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+CAPTURE_ATTENTION = "gated_qwen_capture"
+GATE_BINS = 20  # gate score histograms: 20 equal bins over [0, 1]; scores outside [0, 1] fall into the end bins
+
+
+def _capture_attention(module, query, key, value, attention_mask, **kwargs):
+    """SDPA (`query: [B, Hq, S, D]`, `key, value: [B, Hkv, S, D]` -> `([B, S, Hq, D], None)`) that also hands
+    the query, key and output to `module._analysis_record` when the analysis set one."""
+    output, weights = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    record = getattr(module, "_analysis_record", None)
+    if record is not None:
+        record(module, query, key, output)
+    return output, weights
+
+
+AttentionInterface.register(CAPTURE_ATTENTION, _capture_attention)
+AttentionMaskInterface.register(CAPTURE_ATTENTION, sdpa_mask)  # without it a custom backend gets no mask at all
+
+
+# --------------------------------------------------------------------------------------------- attention maths
+def first_token_attention(
+    query: torch.Tensor, key: torch.Tensor, scaling: float, sliding_window: int | None = None
+) -> torch.Tensor:
+    """Attention probability on key 0 for every query row, without the full attention map.
+
+    `query: [B, Hq, S, D]`, `key: [B, Hkv, S, D]` (after RoPE; `Hkv` divides `Hq`, GQA not expanded) -> `[B, Hq, S]`
+    in float32 (float64 for float64 inputs), for causal self-attention over one unpadded sequence per batch row.
+
+    `p(key 0) = exp(score_0 - logsumexp(scores))` is what attention returns for a value that is 1 at key 0 and 0
+    elsewhere, so the fused SDPA kernel computes it with its running logsumexp, in memory linear in S (the value is
+    as wide as the keys: CPU's fused kernel needs that). A sliding window w changes nothing for rows i < w (they see
+    keys 0..i either way); later rows no longer see key 0.
+    """
+    dtype = torch.promote_types(query.dtype, torch.float32)
+    length = query.shape[2] if sliding_window is None else min(query.shape[2], sliding_window)
+    one_hot = torch.zeros(*key.shape[:2], length, key.shape[3], dtype=dtype, device=key.device)
+    one_hot[:, :, 0] = 1.0
+    p0 = torch.zeros(query.shape[:3], dtype=dtype, device=query.device)
+    p0[:, :, :length] = F.scaled_dot_product_attention(
+        query[:, :, :length].to(dtype), key[:, :, :length].to(dtype), one_hot, is_causal=True, scale=scaling,
+        enable_gqa=True,
+    )[..., 0]
+    return p0
+
+
+def attention_map(
+    query: torch.Tensor, key: torch.Tensor, scaling: float, sliding_window: int | None = None
+) -> torch.Tensor:
+    """Full causal attention probabilities of a short prefix: `query: [B, Hq, n, D]`, `key: [B, Hkv, n, D]` ->
+    `[B, Hq, n, n]` in float32 or wider (row i: query i's distribution over keys 0..n-1)."""
+    dtype = torch.promote_types(query.dtype, torch.float32)
+    k = key.to(dtype).repeat_interleave(query.shape[1] // key.shape[1], dim=1)
+    scores = torch.matmul(query.to(dtype), k.transpose(-1, -2)) * scaling
+    rows = torch.arange(query.shape[2], device=query.device)[:, None]
+    visible = rows >= rows.T  # key j visible from query i when j <= i ...
+    if sliding_window is not None:
+        visible &= rows.T > rows - sliding_window  # ... and, with a window w, j > i - w (as Transformers masks)
+    return scores.masked_fill(~visible, float("-inf")).softmax(-1)
+
+
+# ------------------------------------------------------------------------------------------------- the recorder
+class _Recorder:
+    """Accumulates every statistic over the batches of one analysis; hooks call it layer by layer."""
+
+    def __init__(self, model, length: int, map_tokens: int, map_layers: list[int], progress: tqdm | None):
+        self.config = config = model.config
+        layers = config.num_hidden_layers
+        self.map_tokens, self.map_layers, self.progress = map_tokens, set(map_layers), progress
+        self.p0_sum = torch.zeros(layers, config.num_attention_heads, dtype=torch.float64)
+        self.p0_rows = torch.zeros(layers, dtype=torch.float64)
+        self.p0_by_position = torch.zeros(layers, length, dtype=torch.float64)  # summed over sequences, head mean
+        self.max_act = torch.zeros(layers, dtype=torch.float64)
+        self.max_act_position = torch.zeros(layers, dtype=torch.long)
+        self.sdpa_sum = torch.zeros(layers, dtype=torch.float64)
+        self.gated_sum = torch.zeros(layers, dtype=torch.float64)
+        self.elements = torch.zeros(layers, dtype=torch.float64)
+        self.maps: dict[int, torch.Tensor] = {}
+        self.map_batches = 0
+        self.gates: dict[int, dict[str, torch.Tensor]] = {}
+
+    # -- attention function: F-Attn, attention maps, |SDPA output| before the gate
+    def attention(self, module, query: torch.Tensor, key: torch.Tensor, output: torch.Tensor) -> None:
+        """`query: [B, Hq, S, D]`, `key: [B, Hkv, S, D]`, `output: [B, S, Hq, D]` of layer `module.layer_idx`."""
+        layer, window = module.layer_idx, module.sliding_window
+        p0 = first_token_attention(query, key, module.scaling, window)  # [B, Hq, S]
+        self.p0_sum[layer] += p0[:, :, 1:].sum(dim=(0, 2)).double()  # query 0 can only attend to itself
+        self.p0_rows[layer] += p0.shape[0] * (p0.shape[2] - 1)
+        self.p0_by_position[layer] += p0.mean(1).sum(0).double()
+        self.sdpa_sum[layer] += output.abs().double().sum()
+        self.elements[layer] += output.numel()
+        if layer in self.map_layers:
+            n = min(self.map_tokens, query.shape[2])
+            maps = attention_map(query[:, :, :n], key[:, :, :n], module.scaling, window).sum(0).double()
+            self.maps[layer] = self.maps.get(layer, 0) + maps
+        if self.progress is not None:
+            self.progress.update(1)
+
+    # -- forward pre-hook on o_proj: |SDPA output| after the gate (what o_proj receives)
+    def o_proj_input(self, layer: int, args) -> None:
+        self.gated_sum[layer] += args[0].abs().double().sum()
+
+    # -- forward pre-hook on self_attn: the gate scores from its input (the normed hidden state)
+    def gate_input(self, module, hidden_states: torch.Tensor) -> None:
+        """`hidden_states: [B, S, hidden]`, the input of `module` (a gated attention layer)."""
+        scores = module.gate_act(module._gate_logits(hidden_states)).double()
+        heads, width = module.gate_shape
+        scores = scores.expand(*hidden_states.shape[:-1], heads, width).movedim(-2, 0).reshape(heads, -1)
+        stats = self.gates.setdefault(module.layer_idx, {
+            "sum": torch.zeros(heads, dtype=torch.float64), "count": torch.zeros((), dtype=torch.float64),
+            "below_0.1": torch.zeros(heads, dtype=torch.float64), "below_0.5": torch.zeros(heads, dtype=torch.float64),
+            "histogram": torch.zeros(heads, GATE_BINS, dtype=torch.float64),
+        })
+        stats["sum"] += scores.sum(-1)
+        stats["count"] += scores.shape[1]
+        stats["below_0.1"] += (scores < 0.1).sum(-1).double()
+        stats["below_0.5"] += (scores < 0.5).sum(-1).double()
+        for head in range(heads):
+            stats["histogram"][head] += torch.histc(scores[head].clamp(0, 1), bins=GATE_BINS, min=0, max=1).double()
+
+    # -- forward hook on a decoder layer: M-Act
+    def layer_output(self, layer: int, output: torch.Tensor) -> None:
+        """`output: [B, S, hidden]`, the hidden state a decoder layer returns."""
+        peak = output.abs().amax(dim=(0, 2))  # [S]
+        value, position = peak.max(0)
+        if value.item() > self.max_act[layer]:
+            self.max_act[layer], self.max_act_position[layer] = value.item(), position.item()
+
+    def result(self) -> dict:
+        """The statistics as plain Python numbers (JSON-ready), plus the attention maps as tensors."""
+        config = self.config
+        p0 = self.p0_sum / self.p0_rows.clamp(min=1)[:, None]
+        sdpa = self.sdpa_sum / self.elements.clamp(min=1)
+        gated = self.gated_sum / self.elements.clamp(min=1)
+        layers = []
+        for layer in range(config.num_hidden_layers):
+            entry = {
+                "layer": layer,
+                "first_token_attention": p0[layer].mean().item(),
+                "first_token_attention_per_head": p0[layer].tolist(),
+                "max_activation": self.max_act[layer].item(),
+                "max_activation_position": int(self.max_act_position[layer]),
+                "sdpa_output_mean_abs": sdpa[layer].item(),
+                "gated_output_mean_abs": gated[layer].item(),
+                "gate": None,
+            }
+            if layer in self.gates:
+                stats = self.gates[layer]
+                count = stats["count"].item()
+                entry["gate"] = {
+                    "mean": (stats["sum"].sum() / (count * len(stats["sum"]))).item(),
+                    "mean_per_head": (stats["sum"] / count).tolist(),
+                    "below_0.1": (stats["below_0.1"].sum() / (count * len(stats["sum"]))).item(),
+                    "below_0.5": (stats["below_0.5"].sum() / (count * len(stats["sum"]))).item(),
+                    "below_0.1_per_head": (stats["below_0.1"] / count).tolist(),
+                    "below_0.5_per_head": (stats["below_0.5"] / count).tolist(),
+                    "histogram_per_head": (stats["histogram"] / count).tolist(),
+                }
+            layers.append(entry)
+        gated_layers = [e["gate"] for e in layers if e["gate"] is not None]
+        summary = {
+            "first_token_attention": p0.mean().item(),
+            "max_activation": self.max_act.max().item(),
+            "mean_max_activation": self.max_act.mean().item(),
+            "sdpa_output_mean_abs": sdpa.mean().item(),
+            "gated_output_mean_abs": gated.mean().item(),
+            "gate_mean": sum(g["mean"] for g in gated_layers) / len(gated_layers) if gated_layers else None,
+            "gate_below_0.1": sum(g["below_0.1"] for g in gated_layers) / len(gated_layers) if gated_layers else None,
+            "gate_below_0.5": sum(g["below_0.5"] for g in gated_layers) / len(gated_layers) if gated_layers else None,
+        }
+        maps = {layer: m / self.map_batches for layer, m in sorted(self.maps.items())}
+        return {"summary": summary, "layers": layers, "gate_histogram_edges": torch.linspace(0, 1, GATE_BINS + 1)
+                .tolist(), "attention_maps": maps, "first_token_attention_by_position":
+                self.p0_by_position / self.map_batches}
+
+
+def _decoder(model):
+    """The `GatedQwenModel` inside a causal-LM (or other head) model, or the model itself."""
+    return model.model if hasattr(model, "model") and hasattr(model.model, "layers") else model
+
+
+@contextlib.contextmanager
+def _capturing(model, recorder: _Recorder):
+    """Runs `model` with the capturing attention function and the recorder's hooks; restores both on exit."""
+    decoder = _decoder(model)
+    previous = model.config._attn_implementation
+    handles = []
+    model.set_attn_implementation(CAPTURE_ATTENTION)
+    try:
+        for i, layer in enumerate(decoder.layers):
+            attention = layer.self_attn
+            attention._analysis_record = recorder.attention
+            handles.append(attention.o_proj.register_forward_pre_hook(
+                lambda module, args, i=i: recorder.o_proj_input(i, args)))
+            handles.append(layer.register_forward_hook(
+                lambda module, args, output, i=i: recorder.layer_output(i, output)))
+            if attention.gate_position is not None:
+                handles.append(attention.register_forward_pre_hook(
+                    lambda module, args, kwargs: recorder.gate_input(module, kwargs.get("hidden_states", *args[:1])),
+                    with_kwargs=True))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        for layer in decoder.layers:
+            layer.self_attn.__dict__.pop("_analysis_record", None)
+        model.set_attn_implementation(previous)
+
+
+@torch.no_grad()
+def analyze(
+    model,
+    input_ids: torch.Tensor,
+    *,
+    batch_size: int = 1,
+    map_tokens: int = 32,
+    map_layers: list[int] | None = None,
+    progress: bool = False,
+) -> dict:
+    """F-Attn, M-Act, mean |SDPA output| before and after the gate, and gate statistics of `model` on `input_ids`.
+
+    `input_ids: [N, S]`: N unpadded sequences of equal length (each should start the way training sequences did,
+    e.g. with BOS), run `batch_size` at a time. `map_layers` (default: every layer) get the full attention map of
+    the first `map_tokens` tokens, averaged over the sequences. Returns a dict: `summary` (averages over layers and
+    heads: `first_token_attention`, `max_activation` (the largest of the per-layer maxima), `mean_max_activation`,
+    `sdpa_output_mean_abs`, `gated_output_mean_abs`, `gate_mean`, `gate_below_0.1`, `gate_below_0.5`), `layers`
+    (the same per layer, with per-head lists and gate histograms over `gate_histogram_edges`),
+    `attention_maps` (`{layer: [Hq, n, n] tensor}`) and `first_token_attention_by_position` (`[layers, S]` tensor,
+    averaged over heads and sequences). F-Attn averages over query positions 1..S-1: position 0 can only attend to
+    itself.
+    """
+    if input_ids.dim() != 2 or input_ids.shape[1] < 2:
+        raise ValueError(f"`input_ids` must be [sequences, length] with length >= 2, got shape {tuple(input_ids.shape)}.")
+    config = model.config
+    if int(input_ids.max()) >= config.vocab_size or int(input_ids.min()) < 0:
+        raise ValueError(
+            f"`input_ids` holds ids in [{int(input_ids.min())}, {int(input_ids.max())}], outside the model's "
+            f"vocabulary [0, {config.vocab_size})."
+        )
+    if map_layers is None:
+        map_layers = list(range(config.num_hidden_layers))
+    bad = [i for i in map_layers if not 0 <= i < config.num_hidden_layers]
+    if bad:
+        raise ValueError(f"`map_layers` {bad} out of range: the model has {config.num_hidden_layers} layers.")
+    device = next(model.parameters()).device
+    batches = input_ids.split(batch_size)
+    bar = tqdm(total=len(batches) * config.num_hidden_layers, desc="analyze", unit="layer") if progress else None
+    recorder = _Recorder(model, input_ids.shape[1], map_tokens, map_layers, bar)
+    was_training = model.training
+    model.eval()
+    try:
+        with _capturing(model, recorder):
+            for batch in batches:
+                _decoder(model)(input_ids=batch.to(device), use_cache=False)
+                recorder.map_batches += batch.shape[0]
+    finally:
+        model.train(was_training)
+        if bar is not None:
+            bar.close()
+    return recorder.result()
+
+
+# ------------------------------------------------------------------------------------------------- perplexity
+@torch.no_grad()
+def mean_nll(model, input_ids: torch.Tensor, batch_size: int = 8) -> float:
+    """Mean next-token negative log-likelihood (nats) of `model` over `input_ids: [N, S]`: every position 1..S-1
+    predicted from the ones before it."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for batch in input_ids.split(batch_size):
+        batch = batch.to(device)
+        logits = model(input_ids=batch, use_cache=False).logits[:, :-1]
+        logits = logits.flatten(0, 1).to(torch.promote_types(logits.dtype, torch.float32))
+        total += F.cross_entropy(logits, batch[:, 1:].flatten(), reduction="sum").item()
+        count += batch[:, 1:].numel()
+    model.train(was_training)
+    return total / count
+
+
+def with_yarn(model, factor: float, original_max_position_embeddings: int | None = None):
+    """A copy of `model` whose rotary embedding uses YaRN with `factor` (context `factor` times the original).
+
+    The original length is `original_max_position_embeddings`, else the one in the model's YaRN parameters, else
+    `config.max_position_embeddings` (the training context).
+    """
+    if not factor > 1:
+        raise ValueError(f"YaRN `factor` must be > 1 (the context extension ratio), got {factor!r}.")
+    model = copy.deepcopy(model)
+    config = model.config
+    rope = dict(config.rope_parameters)
+    original = (original_max_position_embeddings or rope.get("original_max_position_embeddings")
+                or config.max_position_embeddings)
+    config.rope_parameters = {"rope_type": "yarn", "rope_theta": rope["rope_theta"], "factor": float(factor),
+                              "original_max_position_embeddings": int(original)}
+    config.max_position_embeddings = math.ceil(original * factor)
+    decoder = _decoder(model)
+    decoder.rotary_emb = type(decoder.rotary_emb)(config).to(next(model.parameters()).device)
+    return model
+
+
+def perplexity_by_length(model, windows, lengths: list[int], yarn_factor: float | None = None,
+                         batch_size: int = 8) -> list[dict]:
+    """Perplexity of `model` at each context length, with and (if `yarn_factor`) without YaRN.
+
+    `windows(length) -> [N, length]` gives the held-out sequences for a length. Returns one dict per length:
+    `{"length", "sequences", "nll", "ppl"}` and, with YaRN, `"nll_yarn"`, `"ppl_yarn"`.
+    """
+    yarn_model = with_yarn(model, yarn_factor) if yarn_factor else None
+    rows = []
+    for length in lengths:
+        ids = windows(length)
+        nll = mean_nll(model, ids, batch_size)
+        row = {"length": length, "sequences": ids.shape[0], "nll": nll, "ppl": math.exp(nll)}
+        if yarn_model is not None:
+            row["nll_yarn"] = mean_nll(yarn_model, ids, batch_size)
+            row["ppl_yarn"] = math.exp(row["nll_yarn"])
+        rows.append(row)
+    return rows

@@ -1,0 +1,151 @@
+"""PNG plots of the analysis (matplotlib, Agg backend: no display needed).
+
+Every function takes plain numbers (lists, dicts, tensors from `measure.analyze`) and a path, and writes one PNG.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError as error:  # pragma: no cover - matplotlib is a declared dependency of the `analysis` extra
+        raise ImportError("Plots need matplotlib: pip install 'gated-qwen[analysis]'.") from error
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    _pyplot().close(fig)
+
+
+def attention_maps(maps: dict[str, dict[int, torch.Tensor]], path: Path, max_heads: int = 4) -> None:
+    """`maps`: `{model name: {layer: [Hq, n, n]}}` -> one row per (model, layer), one column per head (at most
+    `max_heads`); brighter = more attention, query rows down, keys across (key 0, the first token, on the left)."""
+    plt = _pyplot()
+    rows = [(name, layer, m) for name, by_layer in maps.items() for layer, m in by_layer.items()]
+    heads = min(max_heads, max(m.shape[0] for _, _, m in rows))
+    fig, axes = plt.subplots(len(rows), heads, figsize=(1.9 * heads + 0.6, 1.9 * len(rows)), squeeze=False)
+    for r, (name, layer, m) in enumerate(rows):
+        for h in range(heads):
+            ax = axes[r][h]
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if h < m.shape[0]:
+                ax.imshow(m[h].numpy() ** 0.5, cmap="viridis", vmin=0, vmax=1)  # sqrt: small weights stay visible
+                ax.set_title(f"L{layer} H{h} F={m[h, 1:, 0].mean():.2f}", fontsize=8)
+        axes[r][0].set_ylabel(name, fontsize=8)
+    _save(fig, path)
+
+
+def per_layer(series: dict[str, list[float]], path: Path, ylabel: str, title: str, log: bool = False) -> None:
+    """Grouped bars: `series` `{name: one value per layer}`."""
+    plt = _pyplot()
+    names = list(series)
+    layers = max(len(v) for v in series.values())
+    width = 0.8 / len(names)
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * layers + 2), 3.2))
+    for i, name in enumerate(names):
+        values = series[name]
+        ax.bar([x + (i - (len(names) - 1) / 2) * width for x in range(len(values))], values, width, label=name)
+    ax.set_xticks(range(layers))
+    ax.set_xlabel("layer")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if log:
+        ax.set_yscale("log")
+    if len(names) > 1:
+        ax.legend(fontsize=7)
+    _save(fig, path)
+
+
+def gate_histograms(histograms: dict[str, list[list[float]]], edges: list[float], path: Path) -> None:
+    """`histograms`: `{name: one histogram per gated layer (shares of scores per bin over `edges`)}` -> one panel
+    per name, one line per layer."""
+    plt = _pyplot()
+    centers = [(a + b) / 2 for a, b in zip(edges[:-1], edges[1:])]
+    fig, axes = plt.subplots(1, len(histograms), figsize=(3.2 * len(histograms), 2.8), squeeze=False)
+    for ax, (name, layers) in zip(axes[0], histograms.items()):
+        for layer, counts in enumerate(layers):
+            ax.plot(centers, counts, marker=".", label=f"L{layer}")
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("gate score")
+        ax.set_xlim(0, 1)
+    axes[0][0].set_ylabel("share of scores")
+    axes[0][-1].legend(fontsize=7)
+    _save(fig, path)
+
+
+def by_position(p0: torch.Tensor, path: Path) -> None:
+    """`p0: [layers, S]`, the first-token attention of each query position -> one line per layer, log x axis."""
+    plt = _pyplot()
+    positions = torch.arange(1, p0.shape[1])
+    step = max(1, len(positions) // 2000)  # a long input: plot every step-th position
+    fig, ax = plt.subplots(figsize=(5.5, 3.2))
+    for layer, row in enumerate(p0):
+        ax.plot(positions[::step], row[1::step], label=f"L{layer}", linewidth=1)
+    ax.plot(positions[::step], 1.0 / (positions[::step] + 1), "k:", label="uniform 1/(i+1)", linewidth=1)
+    ax.set_xscale("log")
+    ax.set_xlabel("query position")
+    ax.set_ylabel("attention on token 0")
+    ax.legend(fontsize=7, ncol=2)
+    _save(fig, path)
+
+
+def loss_curves(curves: dict[str, dict[str, list[float]]], path: Path, smooth: int = 10) -> None:
+    """`curves`: `{panel title: {name: training loss per step}}` -> one panel per title; curves are moving
+    averages over `smooth` steps, the raw losses faint behind them."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(curves), figsize=(5.0 * len(curves), 3.4), squeeze=False)
+    for ax, (title, runs) in zip(axes[0], curves.items()):
+        for i, (name, losses) in enumerate(runs.items()):
+            color = f"C{i}"
+            ax.plot(range(1, len(losses) + 1), losses, color=color, alpha=0.2, linewidth=0.6)
+            ax.plot(range(1, len(losses) + 1), moving_average(losses, smooth), color=color, label=name, linewidth=1.2)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("step")
+        ax.set_ylabel("training loss (nats)")
+        finite = [x for losses in runs.values() for x in losses if math.isfinite(x)]
+        if finite:
+            low = min(finite)
+            ax.set_ylim(low - 0.05, low + 2.0)  # the first steps' loss would squash everything else
+        ax.legend(fontsize=7)
+    _save(fig, path)
+
+
+def extrapolation(rows: dict[str, list[dict]], train_length: int, path: Path) -> None:
+    """`rows`: `{name: perplexity_by_length rows}` -> perplexity against context length, solid without YaRN,
+    dashed with it; the training length marked."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    for i, (name, table) in enumerate(rows.items()):
+        lengths = [r["length"] for r in table]
+        ax.plot(lengths, [r["ppl"] for r in table], f"C{i}-", marker=".", label=name)
+        if "ppl_yarn" in table[0]:
+            ax.plot(lengths, [r["ppl_yarn"] for r in table], f"C{i}--", marker=".")
+    ax.axvline(train_length, color="grey", linewidth=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("context length (dashed: with YaRN)")
+    ax.set_ylabel("perplexity")
+    ax.legend(fontsize=7)
+    _save(fig, path)
+
+
+def moving_average(values: list[float], window: int) -> list[float]:
+    """Trailing mean over the last `window` values (fewer at the start)."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out

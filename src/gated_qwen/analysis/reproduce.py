@@ -1,0 +1,242 @@
+"""`gated-qwen reproduce`: the paper's tables 2 and 4 in miniature, on a laptop.
+
+Trains tiny GatedQwen models on the built-in synthetic corpus (`data.SyntheticLanguage`) with the Transformers
+`Trainer`, one per variant and learning rate: the baseline (no gate), G1 elementwise, G1 headwise, and the two
+controls the paper uses to show that sparsity matters (NS-sigmoid, whose scores stay in [0.5, 1], and the
+input-independent gate). Then it measures each model on held-out documents (`measure.analyze`: F-Attn, M-Act,
+|SDPA output| before and after the gate, gate scores), its perplexity beyond the training length with and without
+YaRN, and the stability of its training loss, and writes `report.md`, `report.json`, PNG plots and the models.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import math
+import multiprocessing
+import os
+import platform
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import torch
+
+from .data import HELDOUT_SEED, SyntheticLanguage
+from .measure import analyze, mean_nll, perplexity_by_length
+from .plots import moving_average
+
+VARIANTS: dict[str, dict] = {
+    "baseline": {"gate_position": None},
+    "g1-elementwise": {"gate_position": "sdpa"},
+    "g1-headwise": {"gate_position": "sdpa", "gate_granularity": "headwise"},
+    "ns-sigmoid": {"gate_position": "sdpa", "gate_activation": "ns_sigmoid"},
+    "input-independent": {"gate_position": "sdpa", "gate_input_dependent": False},
+}
+SPIKE_WINDOW = 10  # training losses are averaged over this many steps before looking for spikes
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Model size, training and evaluation of one `reproduce` run. `learning_rates` are (standard, high)."""
+
+    hidden_size: int = 64
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 16
+    intermediate_size: int = 192
+    seq_len: int = 128
+    batch_size: int = 16
+    steps: int = 800
+    learning_rates: tuple[float, float] = (1e-2, 4e-2)
+    warmup_fraction: float = 0.1
+    weight_decay: float = 0.1
+    eval_documents: int = 64  # held-out documents for the loss
+    analysis_documents: int = 16  # of those, analysed (F-Attn, M-Act, gates)
+    extrapolation: tuple[int, ...] = (1, 2, 4, 8)  # context lengths, in multiples of seq_len
+    extrapolation_documents: int = 8
+    language: SyntheticLanguage = field(default_factory=SyntheticLanguage)
+
+
+PRESETS: dict[str, Preset] = {
+    # Seconds: what the end-to-end test runs.
+    "smoke": Preset(hidden_size=32, num_hidden_layers=2, head_dim=8, intermediate_size=64, seq_len=48, batch_size=4,
+                    steps=6, eval_documents=4, analysis_documents=2, extrapolation=(1, 2), extrapolation_documents=2),
+    # `make demo`: about five minutes on two idle CPU cores.
+    "default": Preset(),
+    # For a GPU or an afternoon: wider, deeper, longer.
+    "large": Preset(hidden_size=256, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4, head_dim=32,
+                    intermediate_size=768, seq_len=512, batch_size=32, steps=4000, learning_rates=(2e-3, 1e-2),
+                    eval_documents=128, analysis_documents=32, extrapolation_documents=16),
+}
+
+
+def model_config(preset: Preset, variant: str):
+    """The `GatedQwenConfig` of one variant at the preset's size (RoPE base 10k, context `seq_len`)."""
+    from .. import GatedQwenConfig
+
+    return GatedQwenConfig(
+        vocab_size=preset.language.vocab_size, hidden_size=preset.hidden_size,
+        intermediate_size=preset.intermediate_size, num_hidden_layers=preset.num_hidden_layers,
+        num_attention_heads=preset.num_attention_heads, num_key_value_heads=preset.num_key_value_heads,
+        head_dim=preset.head_dim, max_position_embeddings=preset.seq_len,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, bos_token_id=0, **VARIANTS[variant],
+    )
+
+
+def loss_spikes(losses: list[float], window: int = SPIKE_WINDOW) -> dict:
+    """How unstable a training loss curve is: `max_rise`, the largest rise (nats) of its `window`-step moving
+    average above the lowest value that average had reached before, and `diverged` (a non-finite loss)."""
+    if not all(math.isfinite(x) for x in losses):
+        return {"max_rise": math.inf, "diverged": True}
+    smooth = moving_average(losses, window)
+    best, rise = math.inf, 0.0
+    for value in smooth:
+        rise = max(rise, value - best)
+        best = min(best, value)
+    return {"max_rise": rise, "diverged": False}
+
+
+class _Documents(torch.utils.data.Dataset):
+    """`ids: [N, S]` as causal-LM examples (the model shifts the labels)."""
+
+    def __init__(self, ids: torch.Tensor):
+        self.ids = ids
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def held_out(preset: Preset) -> torch.Tensor:
+    """The held-out documents: `[max(eval_documents, extrapolation_documents), seq_len * max(extrapolation)]`;
+    training documents use other seeds."""
+    count = max(preset.eval_documents, preset.extrapolation_documents)
+    return preset.language.sample(count, preset.seq_len * max(preset.extrapolation), seed=HELDOUT_SEED)
+
+
+def train_and_measure(preset: Preset, variant: str, learning_rate: float, seed: int, save_to: str | None,
+                      threads: int | None = None) -> dict:
+    """Trains one model with the `Trainer` and measures it. Returns a JSON-ready dict (the attention maps and
+    F-Attn by position as tensors under `"tensors"`); saves the model to `save_to` when given."""
+    import transformers
+    from transformers import Trainer, TrainingArguments
+    from transformers.trainer_callback import PrinterCallback
+
+    from .. import GatedQwenForCausalLM
+
+    if threads:
+        torch.set_num_threads(threads)
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()  # save_pretrained would draw one per model
+    started = time.perf_counter()
+    train = preset.language.sample(preset.steps * preset.batch_size, preset.seq_len, seed=seed)
+    heldout = held_out(preset)
+    torch.manual_seed(seed)
+    model = GatedQwenForCausalLM(model_config(preset, variant))
+    model.set_attn_implementation("sdpa")
+    with tempfile.TemporaryDirectory() as scratch:
+        args = TrainingArguments(
+            output_dir=scratch, max_steps=preset.steps, per_device_train_batch_size=preset.batch_size,
+            learning_rate=learning_rate, lr_scheduler_type="cosine",
+            warmup_steps=round(preset.warmup_fraction * preset.steps), weight_decay=preset.weight_decay,
+            adam_beta2=0.95, max_grad_norm=1.0, logging_steps=1, save_strategy="no", report_to="none",
+            disable_tqdm=True, use_cpu=not torch.cuda.is_available(), seed=seed, dataloader_num_workers=0,
+        )
+        trainer = Trainer(model=model, args=args, train_dataset=_Documents(train))
+        trainer.remove_callback(PrinterCallback)
+        trainer.train()
+    history = [entry for entry in trainer.state.log_history if "loss" in entry]
+    losses = [float(entry["loss"]) for entry in history]
+    trained = time.perf_counter()
+
+    model.eval()
+    eval_ids = heldout[: preset.eval_documents, : preset.seq_len]
+    result = {
+        "variant": variant,
+        "learning_rate": learning_rate,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "gate_parameters": sum(p.numel() for n, p in model.named_parameters() if "g_proj" in n or "gate_logits" in n),
+        "train_loss": losses,
+        "grad_norm": [float(entry.get("grad_norm", math.nan)) for entry in history],
+        "final_train_loss": sum(losses[-SPIKE_WINDOW:]) / len(losses[-SPIKE_WINDOW:]),
+        "heldout_loss": mean_nll(model, eval_ids),
+        **{f"loss_{k}": v for k, v in loss_spikes(losses).items()},
+    }
+    result["heldout_ppl"] = math.exp(result["heldout_loss"]) if math.isfinite(result["heldout_loss"]) else math.inf
+    analysis = analyze(model, heldout[: preset.analysis_documents, : preset.seq_len],
+                       batch_size=preset.analysis_documents)
+    result["analysis"] = {"summary": analysis["summary"], "layers": analysis["layers"],
+                          "gate_histogram_edges": analysis["gate_histogram_edges"]}
+    long_docs = heldout[: preset.extrapolation_documents]
+    factor = max(preset.extrapolation)
+    result["extrapolation"] = perplexity_by_length(
+        model, lambda length: long_docs[:, :length], [preset.seq_len * m for m in preset.extrapolation],
+        yarn_factor=factor if factor > 1 else None, batch_size=preset.extrapolation_documents)
+    result["seconds"] = {"train": trained - started, "measure": time.perf_counter() - trained}
+    result["tensors"] = {"attention_maps": analysis["attention_maps"],
+                         "first_token_attention_by_position": analysis["first_token_attention_by_position"]}
+    if save_to:
+        model.save_pretrained(save_to)
+    return result
+
+
+def _train_and_measure(kwargs: dict) -> dict:  # picklable entry point for worker processes
+    return train_and_measure(**kwargs)
+
+
+def run_all(preset: Preset, variants: list[str], seed: int, models_dir: Path | None, jobs: int,
+            progress: bool = True) -> list[dict]:
+    """Every (variant, learning rate) of `preset`, `jobs` at a time in separate processes (one thread each when
+    the CPU is shared), in the order variants x learning rates."""
+    from tqdm.auto import tqdm
+
+    runs = []
+    for learning_rate in preset.learning_rates:
+        for variant in variants:
+            save_to = str(models_dir / run_name(variant, learning_rate)) if models_dir else None
+            runs.append(dict(preset=preset, variant=variant, learning_rate=learning_rate, seed=seed, save_to=save_to))
+    bar = tqdm(total=len(runs), desc="reproduce", unit="run", disable=not progress)
+    results: list[dict | None] = [None] * len(runs)
+    if jobs <= 1:
+        for i, run in enumerate(runs):
+            bar.set_postfix_str(run_name(run["variant"], run["learning_rate"]))
+            results[i] = train_and_measure(**run)
+            bar.update(1)
+    else:
+        threads = max(1, (os.cpu_count() or 1) // jobs)
+        context = multiprocessing.get_context("spawn")  # fork after torch has started threads is unsafe
+        with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+            futures = {pool.submit(_train_and_measure, {**run, "threads": threads}): i for i, run in enumerate(runs)}
+            for future in concurrent.futures.as_completed(futures):
+                results[futures[future]] = future.result()
+                bar.update(1)
+    bar.close()
+    return results
+
+
+def run_name(variant: str, learning_rate: float) -> str:
+    return f"{variant}-lr{learning_rate:g}"
+
+
+def environment() -> dict:
+    """What the numbers were measured on."""
+    return {
+        "python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "transformers": __import__("transformers").__version__,
+    }
+
+
+def preset_dict(preset: Preset) -> dict:
+    return json.loads(json.dumps(asdict(preset)))
+
+
+def customised(preset: Preset, **overrides) -> Preset:
+    """`preset` with the given fields replaced (None values leave a field as it is)."""
+    return replace(preset, **{k: v for k, v in overrides.items() if v is not None})
