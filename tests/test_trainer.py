@@ -82,8 +82,8 @@ def padded_batch(sequences: list[list[int]]) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
 
 
-# Attention backends checked for padding-free training. PARAMETRISATION POINT for the Triton kernel's author: add
-# "gated_triton" here (it runs under the Triton interpreter on CPU) once that backend is registered.
+# Attention backends checked for padding-free training, in float64. The Triton kernel ("gated_triton", under the
+# Triton interpreter on CPU) computes in fp16/bf16/fp32 and is checked in float32 below.
 PACKED_BACKENDS = ["sdpa", "eager"]
 
 
@@ -106,3 +106,24 @@ def test_padding_free_batch_gives_the_padded_loss_and_gradients(attn, gate):
     torch.testing.assert_close(packed_loss, padded_loss, rtol=1e-12, atol=0)
     for name, grad in padded_grads.items():
         torch.testing.assert_close(packed_grads[name], grad, rtol=1e-10, atol=1e-13, msg=name)
+
+
+@pytest.mark.parametrize("gate", [{}, {"gate_granularity": "headwise"}], ids=["G1", "G1h"])
+def test_padding_free_batch_through_the_triton_kernel(gate):
+    """DataCollatorWithFlattening's packed batch reaches the fused kernel's varlen path (float32, interpreter)."""
+    from gated_qwen.triton_gated_attention import triton_available
+
+    if not triton_available():
+        pytest.skip("Triton is not installed, or runs neither on a GPU nor under TRITON_INTERPRET=1")
+    sequences = [s[:n] for s, n in zip(motif_sequences(4, seed=3), (6, 15, 4, 9))]
+    packed = DataCollatorWithFlattening(return_flash_attn_kwargs=True)([{"input_ids": s} for s in sequences])
+    results = []
+    for attn, batch in (("sdpa", padded_batch(sequences)), ("gated_triton", packed)):
+        model = tiny_model(attn, **gate)
+        loss = model(**batch, use_cache=False).loss
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    (padded_loss, padded_grads), (packed_loss, packed_grads) = results
+    torch.testing.assert_close(packed_loss, padded_loss, rtol=1e-5, atol=0)
+    for name, grad in padded_grads.items():
+        torch.testing.assert_close(packed_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
