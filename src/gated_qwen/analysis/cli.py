@@ -167,7 +167,8 @@ def run_reproduce(args) -> int:
     check_output_folder(Path(args.out), args.overwrite)
     runs = len(variants) * len(preset.learning_rates)
     jobs = args.jobs or (1 if torch.cuda.is_available() else min(runs, os.cpu_count() or 1))
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"{os.cpu_count()} CPU cores"
+    device = (torch.cuda.get_device_name(0) if torch.cuda.is_available()
+              else f"{os.cpu_count()} CPU cores ({reproduce.cpu_name()})")
     with output_folder(Path(args.out), args.overwrite) as folder:
         from safetensors.torch import save_file
 

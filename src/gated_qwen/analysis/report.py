@@ -29,7 +29,7 @@ def output_folder(path: Path, overwrite: bool):
     removed.
 
     (`conversion.io.publish` does the same for flat folders; it gives every entry file permissions, which would
-    make the `models/` subfolders of a reproduce run untraversable.)
+    make the `models/` subfolders of a reproduce run untraversable, hence this nested version.)
     """
     path = Path(path)
     check_output_folder(path, overwrite)
@@ -42,7 +42,8 @@ def output_folder(path: Path, overwrite: bool):
         raise
     umask = os.umask(0)
     os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp made it private
+    for entry in [tmp, *tmp.rglob("*")]:  # mkdtemp and safetensors make things private; give the usual permissions
+        os.chmod(entry, (0o777 if entry.is_dir() else 0o666) & ~umask)
     if path.exists():
         old = Path(tempfile.mkdtemp(prefix=f".{path.name}.replaced-", dir=path.parent))
         os.rename(path, old / path.name)
@@ -82,7 +83,8 @@ def write_analysis(folder: Path, result: dict, meta: dict) -> str:
                     "attention on token 0", "F-Attn per layer (mean over heads and query positions)")
     plots.per_layer({"M-Act": [e["max_activation"] for e in layers]}, folder / "max_activation.png",
                     "max |hidden state|", "M-Act per layer", log=True)
-    plots.by_position(result["first_token_attention_by_position"], folder / "first_token_attention_by_position.png")
+    plots.by_position({f"L{i}": row for i, row in enumerate(result["first_token_attention_by_position"])},
+                      folder / "first_token_attention_by_position.png", "F-Attn by query position (mean over heads)")
     plots.attention_maps({"model": result["attention_maps"]}, folder / "attention_maps.png")
     if gated:
         plots.gate_histograms({"mean over heads": [_head_mean(e["gate"]["histogram_per_head"]) for e in gated]},
@@ -203,24 +205,30 @@ def write_reproduce(folder: Path, preset_info: dict, variants: list[str], learni
     results = {(r["variant"], r["learning_rate"]): r for r in runs}
     standard, high = learning_rates
     seq_len = preset_info["seq_len"]
-    plots.loss_curves({f"learning rate {lr:g}": {v: results[(v, lr)]["train_loss"] for v in variants}
-                       for lr in learning_rates}, folder / "loss_curves.png")
+    losses = {lr: {v: results[(v, lr)]["train_loss"] for v in variants} for lr in learning_rates}
+    plots.loss_curves({f"learning rate {lr:g}": losses[lr] for lr in learning_rates}, folder / "loss_curves.png")
+    layers = {lr: {v: results[(v, lr)]["analysis"]["layers"] for v in variants} for lr in learning_rates}
+    first_token = {lr: {v: [e["first_token_attention"] for e in layers[lr][v]] for v in variants}
+                   for lr in learning_rates}
+    max_act = {lr: {v: [e["max_activation"] for e in layers[lr][v]] for v in variants} for lr in learning_rates}
     for lr, suffix in ((standard, ""), (high, "_high_lr")):
-        plots.per_layer({v: [e["first_token_attention"] for e in results[(v, lr)]["analysis"]["layers"]]
-                         for v in variants}, folder / f"first_token_attention{suffix}.png", "attention on token 0",
+        plots.per_layer(first_token[lr], folder / f"first_token_attention{suffix}.png", "attention on token 0",
                         f"F-Attn per layer, lr {lr:g}")
-        plots.per_layer({v: [e["max_activation"] for e in results[(v, lr)]["analysis"]["layers"]] for v in variants},
-                        folder / f"max_activation{suffix}.png", "max |hidden state|", f"M-Act per layer, lr {lr:g}",
-                        log=True)
+        plots.per_layer(max_act[lr], folder / f"max_activation{suffix}.png", "max |hidden state|",
+                        f"M-Act per layer, lr {lr:g}", log=True)
     gated = [v for v in variants if results[(v, standard)]["analysis"]["summary"]["gate_mean"] is not None]
+    histograms = {v: [_head_mean(e["gate"]["histogram_per_head"]) for e in layers[standard][v] if e["gate"]]
+                  for v in gated}
+    edges = results[(variants[0], standard)]["analysis"]["gate_histogram_edges"]
     if gated:
-        plots.per_layer({v: [e["gate"]["mean"] if e["gate"] else 0.0 for e in results[(v, standard)]["analysis"]
-                             ["layers"]] for v in gated}, folder / "gate_mean.png", "mean gate score",
-                        f"mean gate score per layer, lr {standard:g}")
-        plots.gate_histograms({v: [_head_mean(e["gate"]["histogram_per_head"])
-                                   for e in results[(v, standard)]["analysis"]["layers"] if e["gate"]]
-                               for v in gated}, results[(gated[0], standard)]["analysis"]["gate_histogram_edges"],
-                              folder / "gate_histograms.png")
+        plots.per_layer({v: [e["gate"]["mean"] if e["gate"] else 0.0 for e in layers[standard][v]] for v in gated},
+                        folder / "gate_mean.png", "mean gate score", f"mean gate score per layer, lr {standard:g}")
+        plots.gate_histograms(histograms, edges, folder / "gate_histograms.png")
+    by_pos = {v: results[(v, standard)]["tensors"]["first_token_attention_by_position"].mean(0) for v in variants}
+    plots.by_position(by_pos, folder / "first_token_attention_by_position.png",
+                      f"F-Attn by query position (mean over layers and heads), lr {standard:g}")
+    plots.overview(first_token[standard], max_act[standard], by_pos, f"lr {standard:g}", histograms, edges,
+                   losses[high], f"training loss at the high learning rate, {high:g}", folder / "overview.png")
     last = preset_info["num_hidden_layers"] - 1
     shown = [v for v in ("baseline", "g1-elementwise") if v in variants] or variants[:2]
     plots.attention_maps({v: {last: results[(v, standard)]["tensors"]["attention_maps"][last]} for v in shown},
@@ -256,7 +264,8 @@ def write_reproduce(folder: Path, preset_info: dict, variants: list[str], learni
         verdicts,
         "## Plots",
         "\n\n".join(f"![{name}]({name}.png)" for name in (
-            "loss_curves", "first_token_attention", "first_token_attention_high_lr", "max_activation",
+            "overview", "loss_curves", "first_token_attention", "first_token_attention_high_lr",
+            "first_token_attention_by_position", "max_activation",
             "max_activation_high_lr", *(("gate_mean", "gate_histograms") if gated else ()), "attention_maps",
             "extrapolation")),
         "Models: `models/<variant>-lr<learning rate>/` (load with `AutoModelForCausalLM.from_pretrained`); held-out "

@@ -223,11 +223,23 @@ def run_name(variant: str, learning_rate: float) -> str:
     return f"{variant}-lr{learning_rate:g}"
 
 
+def cpu_name() -> str:
+    """The processor's model name (from /proc/cpuinfo on Linux), else what `platform` knows."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def environment() -> dict:
     """What the numbers were measured on."""
     return {
         "python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
+        "processor": cpu_name(), "cpu_count": os.cpu_count(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "transformers": __import__("transformers").__version__,
     }
