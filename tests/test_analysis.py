@@ -209,6 +209,31 @@ def test_perplexity_matches_a_hand_computation_and_yarn_a_model_built_from_a_yar
         with_yarn(model, 1.0)
 
 
+def test_analysis_sees_the_ungated_output_under_a_backend_that_fuses_the_gate():
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    def fused(module, query, key, value, attention_mask, output_gate=None, **kwargs):  # returns the gated output
+        out, weights = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+        return out * torch.sigmoid(output_gate), weights
+
+    fused.fuses_output_gate = True
+    AttentionInterface.register("test_fused_gate", fused)
+    AttentionMaskInterface.register("test_fused_gate", sdpa_mask)
+    model, x = model_for(gate_scale=8.0), ids()
+    expected = analyze(model, x)
+    model.set_attn_implementation("test_fused_gate")
+    with torch.no_grad():
+        torch.testing.assert_close(model(x).logits, model_for(gate_scale=8.0)(x).logits)  # the backend is right
+    result = analyze(model, x)
+    assert model.config._attn_implementation == "test_fused_gate"  # restored
+    for got, want in zip(result["layers"], expected["layers"]):
+        assert got["sdpa_output_mean_abs"] == pytest.approx(want["sdpa_output_mean_abs"], rel=1e-12)
+        assert got["gated_output_mean_abs"] == pytest.approx(want["gated_output_mean_abs"], rel=1e-12)
+        assert got["gated_output_mean_abs"] < 0.9 * got["sdpa_output_mean_abs"]
+
+
 def test_analyze_refuses_bad_input():
     model = model_for()
     with pytest.raises(ValueError, match="vocabulary"):
@@ -324,6 +349,12 @@ def test_analyze_and_eval_ppl_commands(tmp_path, capsys):
 
     assert main(["eval-ppl", str(folder), "--lengths", "16"]) == 2  # the built-in corpus has another vocabulary
     assert "--text FILE" in capsys.readouterr().err
+    assert main(["eval-ppl", str(folder), "--lengths", "16", "--text", str(tmp_path / "missing.txt")]) == 2
+    assert "is not a file" in capsys.readouterr().err
+    assert main(["eval-ppl", str(tmp_path), "--lengths", "16"]) == 2
+    assert "no config.json" in capsys.readouterr().err
+    assert main(["eval-ppl", str(folder), "--lengths", "64", "--tokens", str(tmp_path / "tokens.safetensors")]) == 2
+    assert "shorter than the length 64" in capsys.readouterr().err
     assert main(["analyze", str(folder), "--tokens", str(tmp_path / "tokens.safetensors"), "--out", str(out)]) == 2
     assert "--overwrite" in capsys.readouterr().err
     with pytest.raises(SystemExit):

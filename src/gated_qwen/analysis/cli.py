@@ -25,6 +25,9 @@ class Inputs:
     def __init__(self, model_path: str, vocab_size: int, text: str | None, tokens: str | None):
         self.vocab_size = vocab_size
         self.stream = self.rows = None
+        for option, path in (("--text", text), ("--tokens", tokens)):
+            if path and not Path(path).is_file():
+                raise ValueError(f"{option} {path!r} is not a file.")
         if text:
             from transformers import AutoTokenizer
 
@@ -82,8 +85,9 @@ def _load_model(path: str, dtype: str, device: str):
 
     from .. import GatedQwenConfig  # noqa: F401  (registers model_type "gated_qwen")
 
-    if not Path(path).is_dir():
-        raise ValueError(f"MODEL {path!r} is not a folder; pass a folder written by save_pretrained.")
+    if not (Path(path) / "config.json").is_file():
+        raise ValueError(f"MODEL {path!r} is not a model folder (no config.json); pass a folder written by "
+                         "save_pretrained.")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), attn_implementation="sdpa")
     if model.config.model_type != "gated_qwen":
         raise ValueError(f"MODEL {path!r} is a {model.config.model_type!r} model; the analysis reads GatedQwen "

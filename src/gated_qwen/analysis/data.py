@@ -5,8 +5,10 @@ Every document starts with BOS (id 0), as pretraining sequences do, and continue
   next token follows from the current one alone and attention has nothing to add;
 - repeats: now and then a span of `span` tokens is copied verbatim from a uniformly chosen earlier position, so
   inside a repeat the continuation is in the context (far back, on long documents) and attention can find it.
-Heads that could serve the repeats have nothing to do on most tokens; in the paper's account an ungated model then
-parks their attention on the first token (the attention sink) while a gated one can close its gate instead.
+  Repeats never start in a document's first `span[1]` tokens (there is little to copy from yet).
+Heads that could serve the repeats have nothing to do where there can be none; in the paper's account an ungated
+model then parks their attention on the first token (the attention sink) while a gated one can close its gate
+instead. The demo's models do so mostly in those first tokens: see the README's analysis section.
 """
 
 from __future__ import annotations

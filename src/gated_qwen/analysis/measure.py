@@ -2,7 +2,7 @@
 
 - F-Attn: the attention probability each query puts on the first token, per layer and head, computed from the
   queries and keys without the sequence x sequence attention map: `p(key 0) = exp(score_0 - logsumexp(scores))`,
-  with the logsumexp taken over chunks of query rows, so memory stays linear in the sequence length;
+  which a fused SDPA kernel returns for a one-hot value, in memory linear in the sequence length;
 - M-Act: the maximum |hidden state| output by each decoder layer, and where it occurs;
 - mean |SDPA output| per layer before the gate and after it (what enters `o_proj`);
 - gate statistics per layer and head: mean score, histogram, share of scores below 0.1 and 0.5;
@@ -87,7 +87,8 @@ def attention_map(
 
 # ------------------------------------------------------------------------------------------------- the recorder
 class _Recorder:
-    """Accumulates every statistic over the batches of one analysis; hooks call it layer by layer."""
+    """Accumulates every statistic over the batches of one analysis, in float64 on the CPU (the model may be on
+    an accelerator); hooks call it layer by layer."""
 
     def __init__(self, model, length: int, map_tokens: int, map_layers: list[int], progress: tqdm | None):
         self.config = config = model.config
@@ -102,7 +103,7 @@ class _Recorder:
         self.gated_sum = torch.zeros(layers, dtype=torch.float64)
         self.elements = torch.zeros(layers, dtype=torch.float64)
         self.maps: dict[int, torch.Tensor] = {}
-        self.map_batches = 0
+        self.sequences = 0
         self.gates: dict[int, dict[str, torch.Tensor]] = {}
 
     # -- attention function: F-Attn, attention maps, |SDPA output| before the gate
@@ -110,21 +111,21 @@ class _Recorder:
         """`query: [B, Hq, S, D]`, `key: [B, Hkv, S, D]`, `output: [B, S, Hq, D]` of layer `module.layer_idx`."""
         layer, window = module.layer_idx, module.sliding_window
         p0 = first_token_attention(query, key, module.scaling, window)  # [B, Hq, S]
-        self.p0_sum[layer] += p0[:, :, 1:].sum(dim=(0, 2)).double()  # query 0 can only attend to itself
+        self.p0_sum[layer] += p0[:, :, 1:].sum(dim=(0, 2), dtype=torch.float64).cpu()  # query 0 sees only itself
         self.p0_rows[layer] += p0.shape[0] * (p0.shape[2] - 1)
-        self.p0_by_position[layer] += p0.mean(1).sum(0).double()
-        self.sdpa_sum[layer] += output.abs().double().sum()
+        self.p0_by_position[layer] += p0.mean(1).sum(0, dtype=torch.float64).cpu()
+        self.sdpa_sum[layer] += output.abs().sum(dtype=torch.float64).item()
         self.elements[layer] += output.numel()
         if layer in self.map_layers:
             n = min(self.map_tokens, query.shape[2])
-            maps = attention_map(query[:, :, :n], key[:, :, :n], module.scaling, window).sum(0).double()
+            maps = attention_map(query[:, :, :n], key[:, :, :n], module.scaling, window).sum(0).double().cpu()
             self.maps[layer] = self.maps.get(layer, 0) + maps
         if self.progress is not None:
             self.progress.update(1)
 
     # -- forward pre-hook on o_proj: |SDPA output| after the gate (what o_proj receives)
     def o_proj_input(self, layer: int, args) -> None:
-        self.gated_sum[layer] += args[0].abs().double().sum()
+        self.gated_sum[layer] += args[0].abs().sum(dtype=torch.float64).item()
 
     # -- forward pre-hook on self_attn: the gate scores from its input (the normed hidden state)
     def gate_input(self, module, hidden_states: torch.Tensor) -> None:
@@ -137,12 +138,12 @@ class _Recorder:
             "below_0.1": torch.zeros(heads, dtype=torch.float64), "below_0.5": torch.zeros(heads, dtype=torch.float64),
             "histogram": torch.zeros(heads, GATE_BINS, dtype=torch.float64),
         })
-        stats["sum"] += scores.sum(-1)
+        stats["sum"] += scores.sum(-1).cpu()
         stats["count"] += scores.shape[1]
-        stats["below_0.1"] += (scores < 0.1).sum(-1).double()
-        stats["below_0.5"] += (scores < 0.5).sum(-1).double()
+        stats["below_0.1"] += (scores < 0.1).sum(-1).cpu()
+        stats["below_0.5"] += (scores < 0.5).sum(-1).cpu()
         for head in range(heads):
-            stats["histogram"][head] += torch.histc(scores[head].clamp(0, 1), bins=GATE_BINS, min=0, max=1).double()
+            stats["histogram"][head] += torch.histc(scores[head].clamp(0, 1), bins=GATE_BINS, min=0, max=1).cpu()
 
     # -- forward hook on a decoder layer: M-Act
     def layer_output(self, layer: int, output: torch.Tensor) -> None:
@@ -194,10 +195,10 @@ class _Recorder:
             "gate_below_0.1": sum(g["below_0.1"] for g in gated_layers) / len(gated_layers) if gated_layers else None,
             "gate_below_0.5": sum(g["below_0.5"] for g in gated_layers) / len(gated_layers) if gated_layers else None,
         }
-        maps = {layer: m / self.map_batches for layer, m in sorted(self.maps.items())}
+        maps = {layer: m / self.sequences for layer, m in sorted(self.maps.items())}
         return {"summary": summary, "layers": layers, "gate_histogram_edges": torch.linspace(0, 1, GATE_BINS + 1)
                 .tolist(), "attention_maps": maps, "first_token_attention_by_position":
-                self.p0_by_position / self.map_batches}
+                self.p0_by_position / self.sequences}
 
 
 def _decoder(model):
@@ -278,7 +279,7 @@ def analyze(
         with _capturing(model, recorder):
             for batch in batches:
                 _decoder(model)(input_ids=batch.to(device), use_cache=False)
-                recorder.map_batches += batch.shape[0]
+                recorder.sequences += batch.shape[0]
     finally:
         model.train(was_training)
         if bar is not None:

@@ -124,15 +124,27 @@ def train_and_measure(preset: Preset, variant: str, learning_rate: float, seed: 
     """Trains one model with the `Trainer` and measures it. Returns a JSON-ready dict (the attention maps and
     F-Attn by position as tensors under `"tensors"`); saves the model to `save_to` when given."""
     import transformers
+
+    if threads:
+        torch.set_num_threads(threads)
+    verbosity, bars = transformers.logging.get_verbosity(), transformers.utils.logging.is_progress_bar_enabled()
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()  # save_pretrained would draw one per model
+    try:
+        return _train_and_measure_quietly(preset, variant, learning_rate, seed, save_to)
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+        if bars:
+            transformers.utils.logging.enable_progress_bar()
+
+
+def _train_and_measure_quietly(preset: Preset, variant: str, learning_rate: float, seed: int,
+                               save_to: str | None) -> dict:
     from transformers import Trainer, TrainingArguments
     from transformers.trainer_callback import PrinterCallback
 
     from .. import GatedQwenForCausalLM
 
-    if threads:
-        torch.set_num_threads(threads)
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()  # save_pretrained would draw one per model
     started = time.perf_counter()
     train = preset.language.sample(preset.steps * preset.batch_size, preset.seq_len, seed=seed)
     heldout = held_out(preset)
@@ -191,8 +203,9 @@ def _train_and_measure(kwargs: dict) -> dict:  # picklable entry point for worke
 
 def run_all(preset: Preset, variants: list[str], seed: int, models_dir: Path | None, jobs: int,
             progress: bool = True) -> list[dict]:
-    """Every (variant, learning rate) of `preset`, `jobs` at a time in separate processes (one thread each when
-    the CPU is shared), in the order variants x learning rates."""
+    """Every (variant, learning rate) of `preset`, in the order learning rates x variants; with `jobs` > 1 that many
+    at a time in spawned processes (CPU threads shared out among them), which needs the calling script's code under
+    `if __name__ == "__main__":` as usual for multiprocessing."""
     from tqdm.auto import tqdm
 
     runs = []
