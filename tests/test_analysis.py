@@ -298,11 +298,33 @@ def test_reproduce_smoke_preset_end_to_end(tmp_path, capsys):
     assert main(["reproduce", "--preset", "smoke", "--out", str(out), "--jobs", "1"]) == 2
     assert "--overwrite" in capsys.readouterr().err and (out / "mine.txt").exists()
     assert main(["reproduce", "--preset", "smoke", "--out", str(out), "--jobs", "1", "--variants", "baseline",
-                 "--steps", "2", "--overwrite"]) == 0
-    assert not (out / "mine.txt").exists() and json.loads((out / "report.json").read_text())["variants"] == ["baseline"]
+                 "--steps", "2", "--hidden-size", "16", "--layers", "1", "--seq-len", "24", "--batch-size", "2",
+                 "--learning-rates", "0.001", "0.002", "--overwrite"]) == 0
+    assert not (out / "mine.txt").exists()
+    report = json.loads((out / "report.json").read_text())
+    assert report["variants"] == ["baseline"] and report["learning_rates"] == [0.001, 0.002]
+    assert {k: report["preset"][k] for k in ("steps", "hidden_size", "head_dim", "num_hidden_layers", "seq_len",
+                                             "batch_size")} == dict(steps=2, hidden_size=16, head_dim=4,
+                                                                    num_hidden_layers=1, seq_len=24, batch_size=2)
+    config = json.loads((out / "models" / "baseline-lr0.002" / "config.json").read_text())
+    assert (config["hidden_size"], config["num_hidden_layers"], config["max_position_embeddings"]) == (16, 1, 24)
     assert [p.name for p in tmp_path.iterdir()] == ["run"]  # no staging folder left behind
     assert main(["reproduce", "--preset", "smoke", "--out", str(tmp_path / "x"), "--variants", "g9"]) == 2
     assert "unknown ['g9']" in capsys.readouterr().err
+    assert main(["reproduce", "--preset", "smoke", "--out", str(tmp_path / "x"), "--hidden-size", "30"]) == 2
+    assert "multiple of the 4 attention heads" in capsys.readouterr().err
+
+
+def test_reproduce_in_worker_processes_gives_the_in_process_results():
+    from gated_qwen.analysis.reproduce import PRESETS, customised, run_all
+
+    preset = customised(PRESETS["smoke"], steps=3)
+    inline = run_all(preset, ["g1-headwise"], seed=2, models_dir=None, jobs=1, progress=False)
+    spawned = run_all(preset, ["g1-headwise"], seed=2, models_dir=None, jobs=2, progress=False)
+    assert [(r["variant"], r["learning_rate"]) for r in spawned] == [(r["variant"], r["learning_rate"]) for r in inline]
+    for a, b in zip(inline, spawned):
+        assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-5)
+        assert b["analysis"]["summary"]["gate_mean"] == pytest.approx(a["analysis"]["summary"]["gate_mean"], rel=1e-5)
 
 
 def test_analyze_and_eval_ppl_commands(tmp_path, capsys):
@@ -321,7 +343,8 @@ def test_analyze_and_eval_ppl_commands(tmp_path, capsys):
 
     out = tmp_path / "analysis"
     assert main(["analyze", str(folder), "--tokens", str(tmp_path / "tokens.safetensors"), "--length", "40",
-                 "--sequences", "2", "--out", str(out), "--map-layers", "0", "2"]) == 0
+                 "--sequences", "2", "--batch-size", "2", "--out", str(out), "--map-layers", "0", "2",
+                 "--map-tokens", "5"]) == 0
     report = json.loads((out / "report.json").read_text())
     direct = analyze(model, tokens[:, :40])
     assert report["summary"]["first_token_attention"] == pytest.approx(direct["summary"]["first_token_attention"])
