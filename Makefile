@@ -30,8 +30,9 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PYTEST) -m "not slow"
 
+# Each run writes a new folder, so a second `make demo` never meets (or overwrites) the first one's results.
 demo: $(STAMP)
-	$(VENV)/bin/gated-qwen reproduce
+	$(VENV)/bin/gated-qwen reproduce --out runs/demo-$(shell date +%Y%m%d-%H%M%S)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

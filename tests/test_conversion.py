@@ -459,3 +459,25 @@ def test_destination_overwrite_and_pickle(qwen3_sources, tmp_path, capsys):
     assert (tmp_path / "p" / "model.safetensors").exists()  # one shard: 1 GB holds it all
     torch.testing.assert_close(logits(load(GatedQwenForCausalLM, tmp_path / "p")), reference, rtol=0, atol=1e-6)
     refuse(r"exactly one of --from", src, tmp_path / "x")
+
+
+def test_publish_gives_nested_folders_and_files_the_usual_permissions(tmp_path):
+    """mkdtemp and safetensors create private entries; a published folder is readable (and traversable) like any."""
+    import os
+    import stat
+
+    from gated_qwen.conversion.io import publish
+
+    staging = tmp_path / "staging"
+    (staging / "models" / "run0").mkdir(parents=True)
+    for folder in (staging, staging / "models", staging / "models" / "run0"):
+        folder.chmod(0o700)
+    (staging / "models" / "run0" / "model.safetensors").write_bytes(b"x")
+    (staging / "models" / "run0" / "model.safetensors").chmod(0o600)
+    publish(staging, tmp_path / "out")
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in [tmp_path / "out", *(tmp_path / "out").rglob("*")]:
+        expected = (0o777 if path.is_dir() else 0o666) & ~umask
+        assert stat.S_IMODE(path.stat().st_mode) == expected, path
+    assert not staging.exists()

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..conversion.io import publish
 from . import plots
 
 
@@ -25,12 +25,8 @@ def check_output_folder(path: Path, overwrite: bool) -> None:
 
 @contextmanager
 def output_folder(path: Path, overwrite: bool):
-    """Yields a staging folder beside `path` (parents created); on success it replaces `path`, on failure it is
-    removed.
-
-    (`conversion.io.publish` does the same for flat folders; it gives every entry file permissions, which would
-    make the `models/` subfolders of a reproduce run untraversable, hence this nested version.)
-    """
+    """Yields a staging folder beside `path` (parents created); on success it replaces `path` (the conversion's
+    `publish`), on failure it is removed."""
     path = Path(path)
     check_output_folder(path, overwrite)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -40,17 +36,7 @@ def output_folder(path: Path, overwrite: bool):
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    umask = os.umask(0)
-    os.umask(umask)
-    for entry in [tmp, *tmp.rglob("*")]:  # mkdtemp and safetensors make things private; give the usual permissions
-        os.chmod(entry, (0o777 if entry.is_dir() else 0o666) & ~umask)
-    if path.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{path.name}.replaced-", dir=path.parent))
-        os.rename(path, old / path.name)
-        os.rename(tmp, path)
-        shutil.rmtree(old)
-    else:
-        os.rename(tmp, path)
+    publish(tmp, path)
 
 
 def write_json(path: Path, data: dict) -> None:

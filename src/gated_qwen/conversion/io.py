@@ -184,12 +184,12 @@ def staging_folder(dst: Path) -> Iterator[Path]:
 
 def publish(tmp: Path, dst: Path) -> None:
     """Renames the complete folder `tmp` to `dst`; an existing `dst` is moved aside first and removed afterwards.
-    The folder and its files get the usual permissions (mkdtemp and safetensors create them private)."""
+    The folder, its subfolders and its files get the usual permissions (mkdtemp and safetensors create them
+    private)."""
     umask = os.umask(0)
     os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)
-    for path in tmp.iterdir():
-        os.chmod(path, 0o666 & ~umask)
+    for path in [tmp, *tmp.rglob("*")]:
+        os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~umask)
     if dst.exists():
         old = Path(tempfile.mkdtemp(prefix=f".{dst.name}.replaced-", dir=dst.parent))
         os.rename(dst, old / dst.name)
