@@ -239,7 +239,9 @@ def test_push_to_hub_uploads_a_folder_that_loads_without_the_package(fake_hub, t
     auto_map = json.loads(repo["config.json"])["auto_map"]
     assert auto_map["AutoModelForCausalLM"] == "modeling_gated.GatedQwenForCausalLM"
     assert {"AutoConfig", "AutoModel", "AutoModelForSequenceClassification"} <= set(auto_map)
-    assert "library_name: transformers" in repo["README.md"].decode()
+    first_card = ModelCard(repo["README.md"].decode())
+    assert first_card.data.library_name == "transformers"
+    assert {"gated-attention", "custom_code"} <= set(first_card.data.tags)
 
     # Our card pushed to the repo is kept by the next push_to_hub (Transformers loads the card already there).
     model_card(model.config, model_name="tiny-gated", repo_id="me/tiny-gated", license="mit").push_to_hub(

@@ -433,6 +433,11 @@ class GatedQwenPreTrainedModel(PreTrainedModel):
         "attentions": GatedQwenAttention,
     }
 
+    def __init__(self, config: GatedQwenConfig, *inputs, **kwargs):
+        super().__init__(config, *inputs, **kwargs)
+        # Tags of the Hub card that `push_to_hub` writes (per instance: Transformers appends to this list).
+        self.model_tags = ["gated-attention", "custom_code"]
+
     def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
         if requested_attention is None and gated_triton_is_default(self.config):
             return "gated_triton"  # the fused Triton kernel, see gated_triton_attention_forward
