@@ -22,7 +22,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 import gated_qwen.modeling_gated
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
 from gated_qwen.cli import main as cli
-from gated_qwen.hub import model_card
+from gated_qwen.hub import describe_gate, model_card
 
 TINY = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=8)
@@ -239,15 +239,17 @@ def test_push_to_hub_uploads_a_folder_that_loads_without_the_package(fake_hub, t
     auto_map = json.loads(repo["config.json"])["auto_map"]
     assert auto_map["AutoModelForCausalLM"] == "modeling_gated.GatedQwenForCausalLM"
     assert {"AutoConfig", "AutoModel", "AutoModelForSequenceClassification"} <= set(auto_map)
-    first_card = ModelCard(repo["README.md"].decode())
-    assert first_card.data.library_name == "transformers"
+    first_card = ModelCard(repo["README.md"].decode())  # a new repository gets this package's card
+    assert first_card.data.library_name == "transformers" and first_card.data.pipeline_tag == "text-generation"
     assert {"gated-attention", "custom_code"} <= set(first_card.data.tags)
+    assert "## Gate" in first_card.text and describe_gate(model.config) in first_card.text
+    assert len(fake_hub.commits) == 2 and set(fake_hub.commits[0][1]) == {"README.md"}
 
     # Our card pushed to the repo is kept by the next push_to_hub (Transformers loads the card already there).
     model_card(model.config, model_name="tiny-gated", repo_id="me/tiny-gated", license="mit").push_to_hub(
         "me/tiny-gated", token="hf_fake")
     model.push_to_hub("me/tiny-gated", token="hf_fake")
-    assert len(fake_hub.commits) == 3 and "model.safetensors" in fake_hub.commits[-1][1]
+    assert len(fake_hub.commits) == 4 and "model.safetensors" in fake_hub.commits[-1][1]
     card = ModelCard(repo["README.md"].decode())
     assert card.data.license == "mit" and "gated-attention" in card.data.tags and "## Gate" in card.text
 

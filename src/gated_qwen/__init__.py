@@ -11,6 +11,7 @@ from transformers import (
 )
 
 from .configuration_gated import GatedQwenConfig
+from .hub import push_card_if_missing
 from .modeling_gated import (
     GatedQwenForCausalLM,
     GatedQwenForSequenceClassification,
@@ -29,6 +30,7 @@ for _auto, _model in (
     _model.register_for_auto_class(_auto.__name__)
 GatedQwenConfig.register_for_auto_class()
 register_peft_defaults()  # LoraConfig(task_type="CAUSAL_LM") without target_modules; a no-op without PEFT
+GatedQwenPreTrainedModel.card_pusher = push_card_if_missing  # push_to_hub uploads this package's card
 
 __version__ = "0.1.0"
 __all__ = [

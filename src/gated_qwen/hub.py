@@ -6,9 +6,10 @@ The card (template: `hub_cards/model_card.md` at the repository root, shipped in
 and `custom_code`, and `model-index` when evaluation results are given) and a body that states the gate variant and
 the sizes, how to load the model with and without this package, and the citation.
 
-Publishing: `model.push_to_hub(repo_id)` uploads the weights, config.json (with `auto_map`), the code files and the
-card already in the repository (push one first with `model_card(config, ...).push_to_hub(repo_id)`); a folder with
-its card goes up whole with `hf upload REPO_ID MODEL_DIR`.
+Publishing: `model.push_to_hub(repo_id)` uploads the weights, config.json (with `auto_map`) and the code files; a
+repository without a card first gets this package's card (`push_card_if_missing`), and a card already there is kept
+(push one with a licence or evaluation results first with `model_card(config, ...).push_to_hub(repo_id)`); a folder
+with its card goes up whole with `hf upload REPO_ID MODEL_DIR`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from huggingface_hub import EvalResult, ModelCard, ModelCardData
+from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData
 
 from .configuration_gated import GATE_POSITION_ALIASES, GatedQwenConfig
 
@@ -155,6 +156,18 @@ def model_card(
         gate_parameters=gate_parameters,
         eval_results=eval_results or [],
     )
+
+
+def push_card_if_missing(model, repo_id: str, *, token: str | None = None, private: bool | None = None) -> bool:
+    """Creates `repo_id` if needed and uploads this package's card for `model` when the repository has no
+    README.md yet (`push_to_hub` of a GatedQwen model calls this first, so Transformers then keeps the card instead
+    of writing its generic one). Returns whether a card was uploaded."""
+    api = HfApi(token=token)
+    api.create_repo(repo_id, private=private, exist_ok=True)
+    if api.file_exists(repo_id, "README.md"):
+        return False
+    model_card(model.config, model_name=repo_id.split("/")[-1], repo_id=repo_id).push_to_hub(repo_id, token=token)
+    return True
 
 
 def load_model_config(model_dir: str | os.PathLike) -> GatedQwenConfig:

@@ -433,14 +433,26 @@ class GatedQwenPreTrainedModel(PreTrainedModel):
         "attentions": GatedQwenAttention,
     }
 
+    # Set by the gated_qwen package (`hub.push_card_if_missing`): uploads its model card to a repository that has
+    # none before `push_to_hub` pushes the model. Without the package (remote code) Transformers' card is written.
+    card_pusher: Callable | None = None
+
     def __init__(self, config: GatedQwenConfig, *inputs, **kwargs):
         super().__init__(config, *inputs, **kwargs)
         # Tags of the Hub card that `push_to_hub` writes (per instance: Transformers appends to this list).
         self.model_tags = ["gated-attention", "custom_code"]
 
+    def push_to_hub(self, *args, **kwargs):
+        """Transformers' `push_to_hub`; with the gated_qwen package installed, a repository without a card first
+        gets the package's card (gate variant, sizes, loading instructions, citation), which the push then keeps."""
+        repo_id = kwargs.get("repo_id", args[0] if args else None)
+        if self.card_pusher is not None and repo_id is not None:
+            type(self).card_pusher(self, repo_id, token=kwargs.get("token"), private=kwargs.get("private"))
+        return super().push_to_hub(*args, **kwargs)
+
     def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
         if requested_attention is None and gated_triton_is_default(self.config):
-            return "gated_triton"  # the fused Triton kernel, see gated_triton_attention_forward
+            return "gated_triton"  # the fused Triton kernel, see gated_triton_backend.py
         return super().get_correct_attn_implementation(requested_attention, is_init_check)
 
     def _init_weights(self, module: nn.Module) -> None:
