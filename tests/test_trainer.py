@@ -82,6 +82,15 @@ def padded_batch(sequences: list[list[int]]) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
 
 
+def loss_and_gradients(model, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The loss of one batch and every parameter's gradient."""
+    # As in stock Qwen3, a forward with `use_cache=True` (the config's default) makes a cache, and with a cache the
+    # boundaries of packed sequences are not looked for; Trainer sets `config.use_cache = False` itself.
+    loss = model(**batch, use_cache=False).loss
+    loss.backward()
+    return loss.detach(), {name: param.grad for name, param in model.named_parameters()}
+
+
 # Attention backends checked for padding-free training, in float64. The Triton kernel ("gated_triton", under the
 # Triton interpreter on CPU) computes in fp16/bf16/fp32 and is checked in float32 below.
 PACKED_BACKENDS = ["sdpa", "eager"]
@@ -94,15 +103,8 @@ def test_padding_free_batch_gives_the_padded_loss_and_gradients(attn, gate):
     packed = DataCollatorWithFlattening()([{"input_ids": s} for s in sequences])
     assert packed["input_ids"].shape == (1, sum(map(len, sequences)))
 
-    results = []
-    for batch in (padded_batch(sequences), packed):
-        model = tiny_model(attn, **gate).double()
-        # As in stock Qwen3, a forward with `use_cache=True` (the config's default) makes a cache, and with a cache
-        # the boundaries are not looked for; Trainer sets `config.use_cache = False` (TrainingArguments.use_cache).
-        loss = model(**batch, use_cache=False).loss
-        loss.backward()
-        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
-    (padded_loss, padded_grads), (packed_loss, packed_grads) = results
+    padded_loss, padded_grads = loss_and_gradients(tiny_model(attn, **gate).double(), padded_batch(sequences))
+    packed_loss, packed_grads = loss_and_gradients(tiny_model(attn, **gate).double(), packed)
     torch.testing.assert_close(packed_loss, padded_loss, rtol=1e-12, atol=0)
     for name, grad in padded_grads.items():
         torch.testing.assert_close(packed_grads[name], grad, rtol=1e-10, atol=1e-13, msg=name)
@@ -117,13 +119,8 @@ def test_padding_free_batch_through_the_triton_kernel(gate):
         pytest.skip("Triton is not installed, or runs neither on a GPU nor under TRITON_INTERPRET=1")
     sequences = [s[:n] for s, n in zip(motif_sequences(4, seed=3), (6, 15, 4, 9))]
     packed = DataCollatorWithFlattening(return_flash_attn_kwargs=True)([{"input_ids": s} for s in sequences])
-    results = []
-    for attn, batch in (("sdpa", padded_batch(sequences)), ("gated_triton", packed)):
-        model = tiny_model(attn, **gate)
-        loss = model(**batch, use_cache=False).loss
-        loss.backward()
-        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
-    (padded_loss, padded_grads), (packed_loss, packed_grads) = results
+    padded_loss, padded_grads = loss_and_gradients(tiny_model("sdpa", **gate), padded_batch(sequences))
+    packed_loss, packed_grads = loss_and_gradients(tiny_model("gated_triton", **gate), packed)
     torch.testing.assert_close(packed_loss, padded_loss, rtol=1e-5, atol=0)
     for name, grad in padded_grads.items():
         torch.testing.assert_close(packed_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..conversion.io import publish
+from ..conversion.io import publish, staging_folder
 from . import plots
 
 
@@ -30,12 +28,8 @@ def output_folder(path: Path, overwrite: bool):
     path = Path(path)
     check_output_folder(path, overwrite)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.writing-", dir=path.parent))
-    try:
+    with staging_folder(path) as tmp:
         yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     publish(tmp, path)
 
 

@@ -174,7 +174,7 @@ def check_destination(src: Path, dst: Path, overwrite: bool) -> None:
 @contextmanager
 def staging_folder(dst: Path) -> Iterator[Path]:
     """A temporary folder beside `dst`, removed if the block fails; the caller moves it into place with `publish`."""
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.converting-", dir=dst.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.writing-", dir=dst.parent))
     try:
         yield tmp
     except BaseException:
