@@ -3,6 +3,7 @@ end to end against a fake Hub served through huggingface_hub's HTTP client facto
 fresh process where `gated_qwen` cannot be imported, and a push in offline mode failing clearly."""
 
 import base64
+import hashlib
 import json
 import re
 import subprocess
@@ -160,6 +161,9 @@ class FakeHub:
     def __init__(self):
         self.repos: dict[str, dict[str, bytes]] = {}
         self.commits: list[tuple[str, list[str]]] = []
+        # Every commit gets a new id, as on the Hub: huggingface_hub's download cache is keyed by commit, so one id
+        # for every answer would serve a file cached from an earlier commit.
+        self.heads: dict[str, str] = {}
 
     def __call__(self, request: httpx2.Request) -> httpx2.Response:
         path, method = request.url.path, request.method
@@ -171,7 +175,8 @@ class FakeHub:
         if "/resolve/main/" in path:
             repo, file = path.strip("/").split("/resolve/main/")
             if file in self.repos.get(repo, {}):
-                headers = {"ETag": f'"{hash(self.repos[repo][file])}"', "X-Repo-Commit": "0" * 40}
+                headers = {"ETag": f'"{hashlib.sha256(self.repos[repo][file]).hexdigest()}"',
+                           "X-Repo-Commit": self.heads.get(repo, "0" * 40)}
                 return httpx2.Response(200, content=self.repos[repo][file], headers=headers)
             return httpx2.Response(404, headers={"X-Error-Code": "EntryNotFound"})
         if method == "POST" and path == "/api/validate-yaml":
@@ -189,8 +194,9 @@ class FakeHub:
             for f in files:
                 self.repos[repo][f["path"]] = base64.b64decode(f["content"])
             self.commits.append((repo, sorted(f["path"] for f in files)))
-            return httpx2.Response(200, json={"commitUrl": f"https://huggingface.co/{repo}/commit/{'a' * 40}",
-                                              "commitOid": "a" * 40})
+            self.heads[repo] = oid = hashlib.sha1(f"{repo} {len(self.commits)}".encode()).hexdigest()
+            return httpx2.Response(200, json={"commitUrl": f"https://huggingface.co/{repo}/commit/{oid}",
+                                              "commitOid": oid})
         return httpx2.Response(404, json={"error": f"the fake Hub does not serve {method} {path}"})
 
 
