@@ -368,70 +368,82 @@ class KeepLayout(ConversionOps):
         return self
 
 
+def _local_shape(model, name: str) -> tuple[int, ...]:
+    """The shape of parameter `name` on this rank: its local shard under tensor parallelism (a DTensor)."""
+    param = model.get_parameter(name)
+    return tuple(param.to_local().shape if hasattr(param, "to_local") else param.shape)
+
+
 class ReadCheckpointFormat(ConversionOps):
     """One tensor of a folder in `config._checkpoint_format` -> GatedQwen's tensor(s) (unchanged for gated_qwen):
     the release's and Qwen3.5's `q_proj` split into queries and gate rows, Qwen3.5's zero-centred norms shifted by
     +1, and for a gate added to a stock model the new gate tensors (made with o_proj's weight) and the projection
-    scaled or shifted as `added_gate_init` says."""
+    scaled or shifted as `added_gate_init` says. Under tensor parallelism the tensor arrives already cut like the
+    first target (rows of `q_proj`, columns of `o_proj`): whole heads, which it splits the same way."""
 
     @torch.no_grad()
-    def convert(self, input_dict, source_patterns, target_patterns, config=None, full_layer_name=None, **kwargs):
+    def convert(self, input_dict, source_patterns, target_patterns, config=None, full_layer_name=None, model=None,
+                **kwargs):
         tensor = _only(input_dict)
         fmt = getattr(config, "_checkpoint_format", None)
         source = source_patterns[0]
-        out = {target_patterns[0]: tensor}
-        if fmt == "release" and source.startswith("self_attn.q_proj"):
-            heads, kv, dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
-            variant = "baseline" if config.gate_position is None else config.gate_granularity
-            expected = release_q_rows(heads, dim, variant)
-            if tensor.shape[0] != expected:
-                seen = {release_q_rows(heads, dim, v): v for v in ("baseline", "headwise", "elementwise")}
-                _fail(CheckpointFormatError(
-                    f"config.json describes the release's {variant} variant (headwise_attn_output_gate / "
-                    f"elementwise_attn_output_gate), whose q_proj has {expected} rows (H={heads}, D={dim}), but "
-                    f"{full_layer_name} has {tensor.shape[0]} rows"
-                    + (f", the {seen[tensor.shape[0]]} layout: fix the gate flags in config.json."
-                       if tensor.shape[0] in seen else ", which is no release layout.")))
-            if variant != "baseline":
-                group_rows = heads // kv * dim
-                out = {target: split_release_q_proj(tensor, kv, group_rows, part).contiguous()
-                       for part, target in enumerate(target_patterns[:2])}
-        elif fmt == "qwen3_5" and source.startswith("self_attn.q_proj"):
-            heads, dim = config.num_attention_heads, config.head_dim
-            if tensor.shape[0] != 2 * heads * dim:
-                _fail(CheckpointFormatError(
-                    f"{full_layer_name} has {tensor.shape[0]} rows; Qwen3.5 attention has 2·H·D = {2 * heads * dim} "
-                    f"(H={heads}, D={dim}): the queries and the gate of each head."))
-            out = {target: split_heads(tensor, heads, part).contiguous() for part, target in
-                   enumerate(target_patterns[:2])}
-        elif fmt == "qwen3_5" and source.endswith("norm.weight"):
-            out = {target_patterns[0]: tensor + 1}
-        elif fmt in ("qwen3", "qwen3_moe") and config.gate_position is not None:
-            out = self._add_gate(config, source, target_patterns, tensor, _layer(full_layer_name))
-        return out
+        if fmt is None:
+            return {target_patterns[0]: tensor}
+        targets = {target: full_layer_name.replace(source, target) for target in target_patterns}
+        if fmt in ("release", "qwen3_5") and source.startswith("self_attn.q_proj"):
+            return self._split_q_proj(config, fmt, tensor, target_patterns, full_layer_name,
+                                      local=_local_shape(model, targets[target_patterns[0]])[0])
+        if fmt == "qwen3_5" and source.endswith("norm.weight"):
+            return {target_patterns[0]: tensor + 1}
+        if fmt in ("qwen3", "qwen3_moe") and _layer(full_layer_name) in config.gated_layers:
+            return self._add_gate(config, source, target_patterns, tensor,
+                                  lambda target: _local_shape(model, targets[target]))
+        return {target_patterns[0]: tensor}
 
     @staticmethod
-    def _add_gate(config, source: str, targets: list[str], tensor: torch.Tensor, layer: int | None) -> dict:
-        """A stock projection tensor of `layer` with the added gate's changes, and with o_proj's weight the new gate."""
-        out = {targets[0]: tensor}
-        if layer not in config.gated_layers:
-            return out
-        c, action, factor = added_gate_init(config)
+    def _split_q_proj(config, fmt, tensor, targets, name, local: int) -> dict:
+        """`q_proj` rows `[heads * (D + W)]` (`local` of them queries on this rank) -> queries and gate rows."""
+        heads, kv, dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        share = local / (heads * dim)  # of the heads, on this rank (1 without tensor parallelism)
+        if fmt == "qwen3_5":
+            if tensor.shape[0] != 2 * local:
+                _fail(CheckpointFormatError(
+                    f"{name} has {tensor.shape[0] / share:g} rows; Qwen3.5 attention has 2·H·D = {2 * heads * dim} "
+                    f"(H={heads}, D={dim}): the queries and the gate of each head."))
+            return {target: split_heads(tensor, round(heads * share), part).contiguous()
+                    for part, target in enumerate(targets[:2])}
+        variant = "baseline" if config.gate_position is None else config.gate_granularity
+        expected = release_q_rows(heads, dim, variant)
+        if tensor.shape[0] != expected * share:
+            rows = round(tensor.shape[0] / share)
+            seen = {release_q_rows(heads, dim, v): v for v in ("baseline", "headwise", "elementwise")}
+            _fail(CheckpointFormatError(
+                f"config.json describes the release's {variant} variant (headwise_attn_output_gate / "
+                f"elementwise_attn_output_gate), whose q_proj has {expected} rows (H={heads}, D={dim}), but {name} "
+                f"has {rows} rows" + (f", the {seen[rows]} layout: fix the gate flags in config.json."
+                                      if rows in seen else ", which is no release layout.")))
+        if variant == "baseline":
+            return {targets[0]: tensor}
+        return {target: split_release_q_proj(tensor, round(kv * share), heads // kv * dim, part).contiguous()
+                for part, target in enumerate(targets[:2])}
+
+    @staticmethod
+    def _add_gate(config, source: str, targets: list[str], tensor: torch.Tensor, local_shape) -> dict:
+        """A stock projection tensor of a gated layer with the added gate's changes, and with o_proj's weight the new
+        gate tensors (each shaped like its parameter on this rank)."""
+        c, _, factor = added_gate_init(config)
         change = added_gate_targets(config).get(source.removeprefix("self_attn."))
+        out = {targets[0]: tensor}
         if change == "scale":
             out[targets[0]] = (tensor.double() * factor).to(tensor.dtype)
         elif change == "shift":
             out[targets[0]] = (tensor.double() + factor).to(tensor.dtype)
         if source == "self_attn.o_proj.weight":
-            heads, width = config.gate_shape
-            new = dict(zip(("self_attn.gate.g_proj.weight", "self_attn.gate.g_proj.bias", "self_attn.gate.logits"),
-                           targets[1:]))
-            if config.gate_input_dependent:
-                out[new["self_attn.gate.g_proj.weight"]] = tensor.new_zeros(heads * width, config.hidden_size)
-                if config.gate_bias:
-                    out[new["self_attn.gate.g_proj.bias"]] = tensor.new_full((heads * width,), c)
-            else:
-                out[new["self_attn.gate.logits"]] = tensor.new_full((heads, width), c)
+            new = dict(zip(("g_proj.weight", "g_proj.bias", "logits"), targets[1:]))
+            made = ({"g_proj.weight": 0.0, **({"g_proj.bias": c} if config.gate_bias else {})}
+                    if config.gate_input_dependent else {"logits": c})
+            for kind, value in made.items():
+                out[new[kind]] = tensor.new_full(local_shape(new[kind]), value)
         return out
 
     @property
