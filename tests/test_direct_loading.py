@@ -237,3 +237,19 @@ def test_a_missing_gate_tensor_is_an_error_not_a_random_gate(tmp_path):
     with pytest.raises(ValueError, match=r"no tensor for model.layers.1.self_attn.gate.g_proj.weight.*"
                                          r"refusing to start that gate at random"):
         GatedQwenForCausalLM.from_pretrained(tmp_path / "gated")
+
+
+def test_analyze_reads_a_release_folder_directly(tmp_path):
+    """`gated-qwen analyze` on the paper's layout: the same report as on the converted folder."""
+    from gated_qwen.cli import main as cli
+
+    release = tmp_path / "release"
+    write_release(release, "elementwise", 2)
+    convert(release, tmp_path / "converted", from_format="release", verify=False)
+    save_file({"input_ids": IDS}, tmp_path / "ids.safetensors")
+    reports = {}
+    for name in ("release", "converted"):
+        assert cli(["analyze", str(tmp_path / name), "--tokens", str(tmp_path / "ids.safetensors"), "--length", "11",
+                    "--sequences", "2", "--out", str(tmp_path / f"report-{name}")]) == 0
+        reports[name] = json.loads((tmp_path / f"report-{name}" / "report.json").read_text())["summary"]
+    assert reports["release"] == reports["converted"] and reports["release"]["gate_mean"] is not None

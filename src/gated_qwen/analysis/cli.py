@@ -81,17 +81,14 @@ class Inputs:
 
 
 def _load_model(path: str, dtype: str, device: str):
-    from transformers import AutoModelForCausalLM
-
-    from .. import GatedQwenConfig  # noqa: F401  (registers model_type "gated_qwen")
+    """A gated_qwen folder, or one `GatedQwenForCausalLM.from_pretrained` reads directly (the paper's release, stock
+    Qwen3, Qwen3.5; other model types are refused with the reason)."""
+    from .. import GatedQwenForCausalLM
 
     if not (Path(path) / "config.json").is_file():
         raise ValueError(f"MODEL {path!r} is not a model folder (no config.json); pass a folder written by "
                          "save_pretrained.")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), attn_implementation="sdpa")
-    if model.config.model_type != "gated_qwen":
-        raise ValueError(f"MODEL {path!r} is a {model.config.model_type!r} model; the analysis reads GatedQwen "
-                         "models (convert it first with `gated-qwen convert`).")
+    model = GatedQwenForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), attn_implementation="sdpa")
     return model.to(device).eval()
 
 
