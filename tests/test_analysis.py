@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from helpers import randomize_
+from helpers import TINY, randomize_, sizes
 from safetensors.torch import load_file, save_file
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
@@ -24,9 +24,8 @@ VOCAB = 61
 def model_for(seed=0, gate_scale=1.0, **overrides) -> GatedQwenForCausalLM:
     """A tiny float64 model with random weights (norms included); `gate_scale` widens the gate logits so that
     scores spread over (0, 1)."""
-    fields = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=8, max_position_embeddings=64)
-    fields.update(overrides)
+    fields = sizes(TINY, vocab_size=VOCAB, intermediate_size=48, num_hidden_layers=3, max_position_embeddings=64,
+                   **overrides)
     torch.manual_seed(seed)
     model = randomize_(GatedQwenForCausalLM(GatedQwenConfig(**fields)), seed).double().eval()
     with torch.no_grad():
