@@ -106,7 +106,7 @@ def test_card_refuses_to_overwrite_and_replaces_with_overwrite(tmp_path, capsys)
     saved_model(tmp_path)
     (tmp_path / "README.md").write_text("my own card\n")
     assert cli(["card", str(tmp_path)]) == 2
-    assert "README.md' exists; pass --overwrite" in capsys.readouterr().err
+    assert "README.md' already exists; pass --overwrite" in capsys.readouterr().err
     assert (tmp_path / "README.md").read_text() == "my own card\n"
     assert cli(["card", str(tmp_path), "--overwrite"]) == 0
     assert ModelCard.load(tmp_path / "README.md").data.library_name == "transformers"

@@ -18,8 +18,6 @@ import argparse
 import dataclasses
 import json
 import os
-import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -205,34 +203,29 @@ def write_card(
     repo_id: str | None = None,
     overwrite: bool = False,
 ) -> Path:
-    """Writes MODEL_DIR/README.md (whole or not at all); an existing card is replaced only with `overwrite`."""
+    """Writes MODEL_DIR/README.md (whole or not at all, through `gated_qwen.outputs`); an existing card is replaced
+    only with `overwrite`, and never when it is one of the files the card is made from."""
+    from .outputs import check_output, output_file
+
     model_dir = Path(model_dir)
-    config = load_model_config(model_dir)
     destination = model_dir / "README.md"
-    if destination.exists() and not overwrite:
-        raise CardError(f"{str(destination)!r} exists; pass --overwrite to replace it.")
+    out = dict(inputs=[model_dir / "config.json", eval_results, *model_dir.glob("*.py")], overwrite=overwrite,
+               label="the card")
+    if model_dir.is_dir():
+        check_output(destination, kind="file", **out)
+    config = load_model_config(model_dir)
     results = read_eval_results(eval_results) if eval_results is not None else None
     card = model_card(config, model_name=model_name or model_dir.resolve().name, repo_id=repo_id,
                       base_model=base_model, license=license, eval_results=results)
-    fd, tmp = tempfile.mkstemp(dir=model_dir, prefix=".README.", suffix=".md.tmp")
-    os.close(fd)
-    try:
-        card.save(tmp)
-        os.replace(tmp, destination)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    with output_file(destination, **out) as path:
+        card.save(path)
     return destination
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        path = write_card(args.model_dir, base_model=args.base_model, license=args.license,
-                          eval_results=args.eval_results, model_name=args.model_name, repo_id=args.repo_id,
-                          overwrite=args.overwrite)
-    except CardError as error:
-        print(f"gated-qwen card: error: {error}", file=sys.stderr)
-        return 2
+    path = write_card(args.model_dir, base_model=args.base_model, license=args.license,
+                      eval_results=args.eval_results, model_name=args.model_name, repo_id=args.repo_id,
+                      overwrite=args.overwrite)
     print(f"wrote {path}")
     return 0
 
