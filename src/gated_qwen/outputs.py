@@ -58,7 +58,7 @@ def _resolved_inputs(inputs: Iterable[str | os.PathLike | None]) -> list[tuple[s
         path = Path(given)
         out.append((str(given), path.resolve()))
         if path.is_dir():
-            for entry in path.iterdir():
+            for entry in sorted(path.iterdir()):
                 if entry.is_symlink():
                     out.append((str(entry), entry.resolve()))
     return out

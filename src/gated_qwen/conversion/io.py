@@ -80,24 +80,32 @@ class Checkpoint:
         self.config: dict = read_json_object(config_path, "SRC's config.json")
         self.pickled = False
         self._cached: tuple[str, dict] | None = None  # the last legacy (non-zip) pickle read whole
-        files = self._weight_files(allow_pickle)
+        files, weight_map = self._weight_files(allow_pickle)
         self.tensors: dict[str, TensorInfo] = {}
         for file in files:
             for name, info in self._list(file).items():
+                if weight_map is not None and weight_map.get(name) != file:
+                    continue  # as Transformers reads a sharded folder: the index says which tensors there are
                 if name in self.tensors:
                     raise ConversionError(f"Tensor {name!r} appears in both {self.tensors[name].file} and {file}.")
                 self.tensors[name] = info
+        absent = sorted(set(weight_map or ()) - set(self.tensors))
+        if absent:
+            raise ConversionError(f"the index of SRC names tensors that its files do not hold: {absent[:4]} (in "
+                                  f"{sorted({weight_map[name] for name in absent})[:2]}).")
 
-    def _weight_files(self, allow_pickle: bool) -> list[str]:
+    def _weight_files(self, allow_pickle: bool) -> tuple[list[str], dict[str, str] | None]:
+        """The weight files and, for a sharded folder, the index's tensor name -> file."""
         folder = self.folder
         for index_name, single_name, pickled in (
             ("model.safetensors.index.json", "model.safetensors", False),
             ("pytorch_model.bin.index.json", "pytorch_model.bin", True),
         ):
             if (folder / index_name).is_file():
-                files = _index_files(folder / index_name)
+                weight_map = _weight_map(folder / index_name)
+                files = sorted(set(weight_map.values()))
             elif (folder / single_name).is_file():
-                files = [single_name]
+                files, weight_map = [single_name], None
             else:
                 continue
             missing = [f for f in files if not (folder / f).is_file()]
@@ -110,7 +118,7 @@ class Checkpoint:
                     "torch.load(weights_only=True), or give a folder with .safetensors weights."
                 )
             self.pickled = pickled
-            return files
+            return files, weight_map
         raise ConversionError(
             f"SRC {str(folder)!r} has no weights: expected model.safetensors, model.safetensors.index.json, "
             "pytorch_model.bin or pytorch_model.bin.index.json."
@@ -147,7 +155,7 @@ class Checkpoint:
         try:
             state = torch.load(path, map_location="cpu", weights_only=True, mmap=not legacy)
         except Exception as error:  # UnpicklingError, EOFError, RuntimeError, KeyError... for a damaged file
-            found = re.search(r"WeightsUnpickler error: (.*?)(?: was not an allowed global|\.|$)", str(error))
+            found = re.search(r"WeightsUnpickler error: (.*?)(?: was not an allowed global|$)", str(error), re.M)
             reason = found.group(1) if found else _one_line(error)
             raise ConversionError(
                 f"{file} in SRC cannot be read with torch.load(weights_only=True) ({reason}). Only plain tensors are "
@@ -268,14 +276,14 @@ def read_json_object(path: Path, what: str) -> dict:
     return data
 
 
-def _index_files(index_path: Path) -> list[str]:
-    """The weight files an index names, each a plain file name inside the checkpoint folder."""
+def _weight_map(index_path: Path) -> dict[str, str]:
+    """An index's tensor name -> weight file, each file a plain name inside the checkpoint folder."""
     weight_map = read_json_object(index_path, index_path.name).get("weight_map")
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise ConversionError(f"{index_path.name} in SRC has no `weight_map` object of tensor name -> file name.")
-    files = sorted(set(weight_map.values()))
-    outside = [f for f in files if Path(f).is_absolute() or ".." in Path(f).parts or not f.strip()]
+    outside = sorted({f for f in weight_map.values() if Path(f).is_absolute() or ".." in Path(f).parts
+                      or not f.strip()})
     if outside:
         raise ConversionError(f"{index_path.name} in SRC names weight files outside the folder ({outside[:3]}); "
                               "an index may only name files inside it.")
-    return files
+    return weight_map
