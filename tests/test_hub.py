@@ -14,6 +14,7 @@ import httpx2
 import huggingface_hub
 import pytest
 import torch
+from helpers import TINY
 from huggingface_hub import ModelCard, constants
 from huggingface_hub.errors import OfflineModeIsEnabled
 from huggingface_hub.utils._http import default_client_factory
@@ -25,8 +26,6 @@ from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
 from gated_qwen.cli import main as cli
 from gated_qwen.hub import describe_gate, model_card
 
-TINY = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=8)
 RESULTS = [{"task_type": "text-generation", "dataset_type": "wikitext", "dataset_name": "WikiText-103",
             "dataset_split": "test", "metric_type": "perplexity", "metric_value": 12.5}]
 
