@@ -31,7 +31,7 @@ def model_for(seed=0, gate_scale=1.0, **overrides) -> GatedQwenForCausalLM:
     model = randomize_(GatedQwenForCausalLM(GatedQwenConfig(**fields)), seed).double().eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if "g_proj" in name or "gate_logits" in name:
+            if "gate.g_proj" in name or "gate.logits" in name:
                 param.mul_(gate_scale)
             if name.endswith(("q_norm.weight", "k_norm.weight")):
                 param.mul_(2.5)  # sharper attention than random weights give
@@ -127,7 +127,7 @@ def test_sdpa_output_before_and_after_the_gate_match_a_hand_computation():
         v = (normed @ block.self_attn.v_proj.weight.T).view(*x.shape, config.num_key_value_heads, config.head_dim)
         v = v.transpose(1, 2).repeat_interleave(groups, dim=1)  # [B, Hq, S, D]
         sdpa = (attentions[layer] @ v).transpose(1, 2)  # [B, S, Hq, D]
-        gate = torch.sigmoid(normed @ block.self_attn.g_proj.weight.T).view_as(sdpa)
+        gate = torch.sigmoid(normed @ block.self_attn.gate.g_proj.weight.T).view_as(sdpa)
         entry = result["layers"][layer]
         assert entry["sdpa_output_mean_abs"] == pytest.approx(sdpa.abs().mean().item(), rel=1e-6)
         assert entry["gated_output_mean_abs"] == pytest.approx((sdpa * gate).abs().mean().item(), rel=1e-6)
@@ -146,8 +146,8 @@ def test_gate_statistics_match_scores_recomputed_from_the_weights(overrides):
     config = model.config
     with torch.no_grad():
         for block in model.model.layers:
-            if hasattr(block.self_attn, "gate_logits"):  # spread the learned constants over the sigmoid's range
-                logits = block.self_attn.gate_logits
+            if hasattr(block.self_attn.gate, "logits"):  # spread the learned constants over the sigmoid's range
+                logits = block.self_attn.gate.logits
                 logits.copy_(torch.linspace(-4, 4, logits.numel())[torch.randperm(logits.numel())].view_as(logits))
     x = ids()
     result = analyze(model, x, batch_size=2)
@@ -160,8 +160,8 @@ def test_gate_statistics_match_scores_recomputed_from_the_weights(overrides):
             assert entry is None
             continue
         normed = rms_norm(hidden[layer], block.input_layernorm.weight, config.rms_norm_eps)
-        logits = (normed @ block.self_attn.g_proj.weight.T if config.gate_input_dependent
-                  else block.self_attn.gate_logits.reshape(-1).expand(*x.shape, heads * width))
+        logits = (normed @ block.self_attn.gate.g_proj.weight.T if config.gate_input_dependent
+                  else block.self_attn.gate.logits.reshape(-1).expand(*x.shape, heads * width))
         scores = torch.sigmoid(logits).view(*x.shape, heads, width)
         if config.gate_activation == "ns_sigmoid":
             scores = 0.5 + 0.5 * scores

@@ -334,7 +334,7 @@ def test_qwen3_add_gate_refusals(qwen3_sources, tmp_path, capsys):
     refuse(r"additive sigmoid gate adds sigmoid\(x\) > 0 .* bias of v_proj; the source has attention_bias=false",
            src, tmp_path / "o", from_format="qwen3", add_gate='{"gate_combine": "add"}')
     refuse(r"not a variant", src, tmp_path / "o", from_format="qwen3", add_gate="elementwize")
-    refuse(r"`gate_granularity` must be one of", src, tmp_path / "o", from_format="qwen3",
+    refuse(r"gate_granularity' expected one of \('elementwise', 'headwise'\), got rowwise", src, tmp_path / "o", from_format="qwen3",
            add_gate='{"gate_granularity": "rowwise"}')
     convert(src, tmp_path / "ok", from_format="qwen3", add_gate="headwise", verify=False)
     assert "appendix A.7" in capsys.readouterr().err

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import SMALL, sizes
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
 
 SCRIPT = Path(__file__).parent / "dist_scripts" / "tp_and_fsdp.py"
-TINY = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16)
+TINY = sizes(SMALL, intermediate_size=128, tie_word_embeddings=True)
 LR = 1e-2
 
 # name -> (gate fields, whether the gate's weights are split across the 2 ranks)
@@ -51,8 +51,8 @@ def run(tmp_path_factory):
         torch.manual_seed(i)
         model = GatedQwenForCausalLM(GatedQwenConfig(**TINY, **gate))
         for layer in model.model.layers:  # input-independent gates start at zero: make them differ per head
-            if hasattr(layer.self_attn, "gate_logits"):
-                torch.nn.init.normal_(layer.self_attn.gate_logits)
+            if hasattr(layer.self_attn.gate, "logits"):
+                torch.nn.init.normal_(layer.self_attn.gate.logits)
         model.save_pretrained(work / name)
     input_ids = torch.randint(0, TINY["vocab_size"], (4, 12), generator=torch.Generator().manual_seed(0))
     torch.save({"input_ids": input_ids, "lr": LR, "dtype": torch.float64}, work / "inputs.pt")
@@ -78,8 +78,8 @@ def test_tensor_parallel_equals_one_process(run, name):
         torch.testing.assert_close(tp["grads"][param_name], param.grad, rtol=1e-10, atol=1e-14, msg=param_name)
 
     gate_shape, local_shape = tp["gate_shape"], tp["gate_local_shape"]
-    attn = model.model.layers[0].self_attn
-    full = attn.g_proj.weight if hasattr(attn, "g_proj") else attn.gate_logits
+    gate = model.model.layers[0].self_attn.gate
+    full = gate.g_proj.weight if hasattr(gate, "g_proj") else gate.logits
     assert gate_shape == tuple(full.shape)
     sharded = VARIANTS[name][1]
     expected_local = (gate_shape[0] // 2, *gate_shape[1:]) if sharded else gate_shape
@@ -99,7 +99,7 @@ def test_fsdp2_step_equals_one_process(run):
     assert fsdp.keys() == reference.keys()
     for key, value in reference.items():
         torch.testing.assert_close(fsdp[key], value, rtol=1e-10, atol=1e-12, msg=key)
-    gate = "model.layers.0.self_attn.g_proj.weight"
+    gate = "model.layers.0.self_attn.gate.g_proj.weight"
     assert (fsdp[gate] - initial[gate]).abs().max() > LR / 2  # the step moved the gate (AdamW: about lr per weight)
 
 

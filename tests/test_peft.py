@@ -34,7 +34,7 @@ def adapted_modules(model: torch.nn.Module) -> set[tuple[int, str]]:
     found = set()
     for name, module in model.named_modules():
         if isinstance(module, LoraLayer):
-            layer, proj = re.search(r"layers\.(\d+)\.\w+\.(\w+)$", name).groups()
+            layer, proj = re.search(r"layers\.(\d+)\..*\.(\w+)$", name).groups()
             found.add((int(layer), proj))
     return found
 

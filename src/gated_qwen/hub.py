@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 from pathlib import Path
@@ -23,19 +24,12 @@ from pathlib import Path
 import torch
 from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData
 
-from .configuration_gated import GATE_POSITION_ALIASES, GatedQwenConfig
+from .configuration_gated import GatedQwenConfig
+from .gating import FIELDS, POSITIONS, is_recommended
 
 TEMPLATE = Path(__file__).parent / "hub_cards" / "model_card.md"
 TAGS = ["gated-attention", "gated_qwen", "custom_code", "text-generation"]
 
-_PAPER_NAMES = {position: alias for alias, position in GATE_POSITION_ALIASES.items()}
-_POSITIONS = {
-    "sdpa": "the attention output of each head, before `o_proj`",
-    "value": "the output of `v_proj` (the values)",
-    "key": "the output of `k_proj` (the keys)",
-    "query": "the output of `q_proj` (the queries)",
-    "dense": "the output of `o_proj`",
-}
 _EVAL_FIELDS = [field.name for field in dataclasses.fields(EvalResult) if field.init]
 _EVAL_REQUIRED = ["task_type", "dataset_type", "dataset_name", "metric_type", "metric_value"]
 
@@ -63,21 +57,15 @@ def describe_gate(config: GatedQwenConfig) -> str:
         scores = "input-independent (a learned, zero-initialised logit per score)"
     combine = "multiplies" if config.gate_combine == "multiply" else "is added to"
     layers = "every layer" if config.gate_layers is None else f"layers {list(config.gate_layers)}"
-    recommended = (
-        position == "sdpa" and granularity == "elementwise" and not config.gate_shared_across_heads
-        and config.gate_combine == "multiply" and config.gate_activation == "sigmoid" and config.gate_input_dependent
-    )
     return (
-        f"{_PAPER_NAMES[position]} (`gate_position=\"{position}\"`): a `{config.gate_activation}` gate, "
-        f"{granularity} and {sharing}, {scores}, that {combine} {_POSITIONS[position]}, in {layers}"
-        + (", the paper's recommended form." if recommended else ".")
+        f"{POSITIONS[position].paper} (`gate_position=\"{position}\"`): a `{config.gate_activation}` gate, "
+        f"{granularity} and {sharing}, {scores}, that {combine} {POSITIONS[position].description}, in {layers}"
+        + (", the paper's recommended form." if is_recommended(config) else ".")
     )
 
 
 def _gate_fields(config: GatedQwenConfig) -> list[tuple[str, object]]:
-    names = ["gate_position", "gate_granularity", "gate_shared_across_heads", "gate_combine", "gate_activation",
-             "gate_input_dependent", "gate_bias", "gate_layers", "sdpa_output_transform"]
-    return [(name, getattr(config, name)) for name in names]
+    return [(name, getattr(config, name)) for name in FIELDS]
 
 
 def count_parameters(config: GatedQwenConfig) -> tuple[int, int]:
@@ -154,6 +142,25 @@ def model_card(
         gate_parameters=gate_parameters,
         eval_results=eval_results or [],
     )
+
+
+def install_card(model_class) -> None:
+    """Makes `model_class.push_to_hub` (and its subclasses') give a repository without a card this package's card
+    (gate variant, sizes, loading instructions, citation), which the push then keeps. Called once when the package
+    registers the model; a model loaded as remote code without the package keeps Transformers' generic card."""
+    push = model_class.push_to_hub
+    if getattr(push, "gated_qwen_card", False):
+        return
+
+    @functools.wraps(push)
+    def push_to_hub(self, *args, **kwargs):
+        repo_id = kwargs.get("repo_id", args[0] if args else None)
+        if repo_id is not None:
+            push_card_if_missing(self, repo_id, token=kwargs.get("token"), private=kwargs.get("private"))
+        return push(self, *args, **kwargs)
+
+    push_to_hub.gated_qwen_card = True
+    model_class.push_to_hub = push_to_hub
 
 
 def push_card_if_missing(model, repo_id: str, *, token: str | None = None, private: bool | None = None) -> bool:

@@ -33,8 +33,8 @@ def tensor_parallel(model_dir: Path, input_ids: torch.Tensor, dtype: torch.dtype
     )
     out = model(input_ids, labels=input_ids)
     out.loss.backward()
-    attn = model.model.layers[0].self_attn
-    gate = attn.g_proj.weight if hasattr(attn, "g_proj") else attn.gate_logits
+    gate = model.model.layers[0].self_attn.gate
+    gate = gate.g_proj.weight if hasattr(gate, "g_proj") else gate.logits
     return {
         "logits": out.logits.detach(),
         "loss": out.loss.detach(),
