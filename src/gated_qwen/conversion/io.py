@@ -174,11 +174,6 @@ class Checkpoint:
             return f.get_tensor(name)
 
     @property
-    def files(self) -> list[Path]:
-        """config.json and the weight files."""
-        return [self.folder / "config.json", *sorted({self.folder / t.file for t in self.tensors.values()})]
-
-    @property
     def largest_file_bytes(self) -> int:
         if not self.tensors:
             raise ConversionError(f"SRC {str(self.folder)!r} holds no tensors.")
