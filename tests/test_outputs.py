@@ -123,6 +123,14 @@ def test_output_folder_appears_whole_or_not_at_all(tmp_path):
 
     with pytest.raises(OutputError, match="already exists; pass --overwrite"), output_folder(target):
         pass
+    with pytest.raises(OutputError, match="appeared while this run was writing it"):
+        with output_folder(tmp_path / "raced") as staging:
+            (staging / "mine.txt").write_text("mine")
+            (tmp_path / "raced").mkdir()  # another run published the same output meanwhile
+            (tmp_path / "raced" / "theirs.txt").write_text("theirs")
+    assert tree(tmp_path / "raced") == {"theirs.txt": b"theirs"}
+    (tmp_path / "raced" / "theirs.txt").unlink()
+    (tmp_path / "raced").rmdir()
     with pytest.raises(KeyboardInterrupt), output_folder(target, overwrite=True) as staging:
         (staging / "b.txt").write_text("second")
         raise KeyboardInterrupt

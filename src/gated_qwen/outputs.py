@@ -199,8 +199,11 @@ def _make_parents(folder: Path) -> list[Path]:
     return created
 
 
-def _publish(staging: Path, target: Path, kind: str) -> None:
+def _publish(staging: Path, target: Path, kind: str, overwrite: bool, label: str) -> None:
     """Moves the complete output out of `staging` to `target` (the old `target` aside first and removed after)."""
+    if not overwrite and target.exists() and not (target.is_dir() and not any(target.iterdir())):
+        raise OutputError(f"{label} {str(target)!r} appeared while this run was writing it (another run?); pass "
+                          "--overwrite to replace it.")
     (staging / OWNER_FILE).unlink()
     umask = os.umask(0)
     os.umask(umask)
@@ -229,7 +232,7 @@ def _staged(path, kind: str, inputs, overwrite: bool, create_parents: bool, labe
     staging = _new_staging(target, "writing")
     try:
         yield staging
-        _publish(staging, target, kind)
+        _publish(staging, target, kind, overwrite, label)
     except BaseException as error:
         shutil.rmtree(staging, ignore_errors=True)
         for folder in created:
