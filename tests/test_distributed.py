@@ -10,6 +10,7 @@ The ranks run tests/dist_scripts/tp_and_fsdp.py once (module fixture); the compu
 "the same" can be checked tightly.
 """
 
+import json
 import os
 import socket
 import subprocess
@@ -19,8 +20,10 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import SMALL, sizes
+from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
+from gated_qwen.conversion import convert
 
 SCRIPT = Path(__file__).parent / "dist_scripts" / "tp_and_fsdp.py"
 TINY = sizes(SMALL, intermediate_size=128, tie_word_embeddings=True)
@@ -34,7 +37,19 @@ VARIANTS = {
     "G5-dense": ({"gate_position": "dense"}, False),
     "G1-input-independent": ({"gate_input_dependent": False}, True),
     "G1-input-independent-shared": ({"gate_input_dependent": False, "gate_shared_across_heads": True}, False),
+    # the paper's release layout (gate rows packed in q_proj per kv group), read by from_pretrained directly
+    "release-headwise": ({"gate_granularity": "headwise"}, True),
+    # stock Qwen3 folders with a gate added at load time (function-preserving: zero g_proj, o_proj doubled)
+    "qwen3-add-G1": ({"gate_position": "sdpa"}, True),
+    "qwen3-add-head-shared-constant": ({"gate_input_dependent": False, "gate_shared_across_heads": True}, False),
 }
+
+
+def load_reference(folder: Path) -> GatedQwenForCausalLM:
+    """The one-process model of a variant's folder, read as the 2-process script reads it."""
+    gate_file = folder.parent / f"{folder.name}.gate.json"
+    gate = json.loads(gate_file.read_text()) if gate_file.exists() else {}
+    return GatedQwenForCausalLM.from_pretrained(folder, dtype=torch.float64, **gate)
 
 
 def free_port() -> int:
@@ -53,7 +68,16 @@ def run(tmp_path_factory):
         for layer in model.model.layers:  # input-independent gates start at zero: make them differ per head
             if hasattr(layer.self_attn.gate, "logits"):
                 torch.nn.init.normal_(layer.self_attn.gate.logits)
-        model.save_pretrained(work / name)
+        if name.startswith("qwen3"):
+            stock = Qwen3ForCausalLM(Qwen3Config(**{k: v for k, v in TINY.items()}))
+            stock.save_pretrained(work / name)
+            (work / f"{name}.gate.json").write_text(json.dumps({"gate_position": "sdpa", **gate}))
+            continue
+        if name.startswith("release"):
+            model.save_pretrained(work / "gated-for-release")
+            convert(work / "gated-for-release", work / name, to_format="release", verify=False)
+        else:
+            model.save_pretrained(work / name)
     input_ids = torch.randint(0, TINY["vocab_size"], (4, 12), generator=torch.Generator().manual_seed(0))
     torch.save({"input_ids": input_ids, "lr": LR, "dtype": torch.float64}, work / "inputs.pt")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -68,7 +92,7 @@ def run(tmp_path_factory):
 def test_tensor_parallel_equals_one_process(run, name):
     work, input_ids = run
     tp = torch.load(work / f"tp-{name}.pt")
-    model = GatedQwenForCausalLM.from_pretrained(work / name, dtype=torch.float64)
+    model = load_reference(work / name)
     out = model(input_ids, labels=input_ids)
     out.loss.backward()
 

@@ -13,6 +13,7 @@ from huggingface_hub.dataclasses import strict, validated_field
 from huggingface_hub.errors import StrictDataclassError
 from transformers.models.qwen3.configuration_qwen3 import Qwen3Config
 
+from .checkpoint_formats import gated_config_dict
 from .gating import ALIASES, DEFAULTS, FIELDS, POSITIONS, canonical_position
 
 # What building or changing a config raises for a bad value: a strict-dataclass error (one field, or a rule across
@@ -237,6 +238,25 @@ class GatedQwenConfig(Qwen3Config):
         elif name in ("gate_layers", "mlp_only_layers") and isinstance(value, (list, tuple)):
             value = sorted(value)
         super().__setattr__(name, value)
+
+    # ------------------------------------------------------------------------------- reading other formats
+    @classmethod
+    def get_config_dict(cls, pretrained_model_name_or_path, **kwargs):
+        """config.json of a gated_qwen folder, or of one in a format `checkpoint_formats.py` reads (the paper's
+        release, stock Qwen3 / Qwen3-MoE, Qwen3.5 text / Qwen3-Next with every layer full attention) turned into
+        GatedQwen's fields. Gate fields among `kwargs` add a gate to a stock Qwen3 / Qwen3-MoE model."""
+        config_dict, kwargs = super().get_config_dict(pretrained_model_name_or_path, **kwargs)
+        if config_dict.get("model_type") != cls.model_type:
+            gate = {name: kwargs.pop(name) for name in FIELDS if name in kwargs}
+            config_dict = gated_config_dict(config_dict, gate)
+        return config_dict, kwargs
+
+    def to_dict(self) -> dict[str, Any]:
+        # The format a folder was read from only tells `from_pretrained` how to read its tensors; what is saved is
+        # always gated_qwen.
+        output = super().to_dict()
+        output.pop("_checkpoint_format", None)
+        return output
 
     # ------------------------------------------------------------------ rules across fields (`validate()`)
     def validate_architecture(self) -> None:

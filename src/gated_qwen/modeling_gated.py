@@ -49,6 +49,7 @@ from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
+from .checkpoint_formats import CHECKPOINT_CONVERSIONS, LOAD_ERROR
 from .configuration_gated import GatedQwenConfig
 from .gated_triton_backend import gated_triton_is_default  # registers attn_implementation="gated_triton"
 from .gating import GatedQwenGate
@@ -270,6 +271,7 @@ class GatedQwenPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _no_split_modules = ["GatedQwenDecoderLayer"]
     _skip_keys_device_placement = ["past_key_values"]
+    _keys_to_ignore_on_load_unexpected = [r"^mtp\."]  # Qwen3.5 / Qwen3-Next multi-token-prediction heads
     _supports_flash_attn = True
     _supports_sdpa = True
     _supports_flex_attn = True
@@ -286,6 +288,32 @@ class GatedQwenPreTrainedModel(PreTrainedModel):
         super().__init__(config, *inputs, **kwargs)
         # Tags of the Hub card that `push_to_hub` writes (per instance: Transformers appends to this list).
         self.model_tags = ["gated-attention", "custom_code"]
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        """Transformers' `from_pretrained`, which also reads the paper's release, stock Qwen3 / Qwen3-MoE and
+        Qwen3.5 / Qwen3-Next folders (see `GatedQwenConfig.get_config_dict`), refusing a folder that lacks a gate
+        tensor its config has rather than starting that gate at random. The loaded model saves as gated_qwen."""
+        wants_info = kwargs.get("output_loading_info", False)
+        token = LOAD_ERROR.set(None)
+        try:
+            model, info = super().from_pretrained(*args, **{**kwargs, "output_loading_info": True})
+        except RuntimeError:
+            if LOAD_ERROR.get() is None:
+                raise
+            raise LOAD_ERROR.get() from None  # the reason, not Transformers' "see the report above"
+        finally:
+            LOAD_ERROR.reset(token)
+        missing = sorted(name for name in info["missing_keys"] if ".self_attn.gate." in name)
+        if missing:
+            raise ValueError(
+                f"the checkpoint has no tensor for {missing[0]}" + (f" (and {len(missing) - 1} more gate tensors)"
+                if len(missing) > 1 else "") + f", yet its config has a gate (gate_position="
+                f"{model.config.gate_position!r}); refusing to start that gate at random. Load the folder with the "
+                "config it was saved with, or pass gate fields only to add a gate to a stock Qwen3 folder."
+            )
+        model._weight_conversions = None  # save with the registered mapping: the gated_qwen layout
+        return (model, info) if wants_info else model
 
     def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
         if requested_attention is None and gated_triton_is_default(self.config):
@@ -464,8 +492,10 @@ class GatedQwenForQuestionAnswering(GenericForQuestionAnswering, GatedQwenPreTra
 # Checkpoint names (what `save_pretrained` writes and `from_pretrained` reads): the gate's tensors keep the names
 # they have always had in gated_qwen folders, `self_attn.g_proj.*`, `self_attn.gate_logits` and
 # `self_attn.sdpa_norm.*`, while the model holds them in `self_attn.gate`; Qwen3-MoE's experts are stored one by
-# one (`mlp.experts.{e}.{gate,up,down}_proj.weight`), as on the Hub, and stacked when loaded. Transformers applies
-# these when loading and reverses them when saving; custom-code models get them only when registered like this.
+# one (`mlp.experts.{e}.{gate,up,down}_proj.weight`), as on the Hub, and stacked when loaded; folders of other
+# formats (the paper's release, stock Qwen3, Qwen3.5, see checkpoint_formats.py) are read through converters that
+# leave a gated_qwen folder's tensors as they are. Transformers applies these when loading and reverses them when
+# saving; custom-code models get them only when registered like this.
 register_checkpoint_conversion_mapping(
     GatedQwenConfig.model_type,
     [
@@ -473,6 +503,7 @@ register_checkpoint_conversion_mapping(
         WeightRenaming(r"self_attn\.gate_logits", "self_attn.gate.logits"),
         WeightRenaming(r"self_attn\.sdpa_norm\.", "self_attn.gate.sdpa_norm."),
         *get_checkpoint_conversion_mapping("qwen3_moe"),
+        *CHECKPOINT_CONVERSIONS,
     ],
     overwrite=True,
 )
