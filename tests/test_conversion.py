@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import TINY
 from helpers import randomize_ as randomize_weights_
+from helpers import sizes
 from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import (
@@ -34,6 +34,7 @@ from gated_qwen.cli import main
 from gated_qwen.conversion import ConversionError, VerificationError, convert
 from gated_qwen.conversion import qwen3 as qwen3_module
 
+TINY = sizes(vocab_size=100, intermediate_size=48)  # the sizes write_release's checkpoints (and their tests) use
 VOCAB = TINY["vocab_size"]
 IDS = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(1))
 
@@ -519,8 +520,8 @@ BAD_SOURCES = {  # name: (damage(src) -> the expected message, format flags)
                              and "must hold a JSON object, not a list", ["--from", "qwen3"]),
     "config field type": (lambda src: edit_json(src / "config.json", hidden_size="32")
                           or "Field 'hidden_size' expected int, got str", ["--from", "qwen3"]),
-    "shapes vs config (from qwen3)": (lambda src: edit_json(src / "config.json", intermediate_size=48)
-                                      or "mlp.gate_proj.weight is [64, 32] where the config implies [48, 32]",
+    "shapes vs config (from qwen3)": (lambda src: edit_json(src / "config.json", intermediate_size=40)
+                                      or "mlp.gate_proj.weight is [48, 32] where the config implies [40, 32]",
                                       ["--from", "qwen3"]),
     "tensors missing (from qwen3)": (lambda src: edit_json(src / "config.json", num_hidden_layers=3,
                                                                layer_types=["full_attention"] * 3)

@@ -24,24 +24,30 @@ from .io import Checkpoint, ConversionError, TensorPlan
 Shape = tuple[int, ...]
 
 
+def _unit(name: str) -> str:
+    """The part of the model whose tensors Transformers' load-time conversions may combine: a decoder layer's
+    attention, MLP or norm (`model.layers.3.self_attn`), or the tensor itself outside the layers."""
+    parts = name.split(".")
+    return ".".join(parts[: parts.index("layers") + 3]) if "layers" in parts else name
+
+
 def model_layout(kind: str, config) -> list[list[dict[str, Shape]]]:
-    """Per parameter of the model `kind` built from `config` (on the meta device): its accepted on-disk forms, each
-    `{name: shape}` (the saved form first; the in-memory form when it differs)."""
+    """Per part of the model `kind` built from `config` (on the meta device; parts as `_unit` cuts them): its
+    accepted on-disk forms, each `{name: shape}`: what `save_pretrained` writes first, the in-memory names and
+    layout second when they differ (Transformers reads both, e.g. one tensor per expert or the stacked experts)."""
     import torch
     from transformers.core_model_loading import revert_weight_conversion
     from transformers.modeling_utils import remove_tied_weights_from_state_dict
 
     with torch.device("meta"):
         model = model_class(kind)(config)
-    state = remove_tied_weights_from_state_dict(model.state_dict(), model)
-    saved_all = revert_weight_conversion(model, dict(state))
+    units: dict[str, dict] = {}
+    for name, tensor in remove_tied_weights_from_state_dict(model.state_dict(), model).items():
+        units.setdefault(_unit(name), {})[name] = tensor
     layout = []
-    for name, tensor in state.items():
-        native = {name: tuple(tensor.shape)}
-        if name in saved_all and tuple(saved_all[name].shape) == native[name]:
-            layout.append([native])
-            continue
-        saved = {n: tuple(t.shape) for n, t in revert_weight_conversion(model, {name: tensor}).items()}
+    for tensors in units.values():
+        native = {name: tuple(tensor.shape) for name, tensor in tensors.items()}
+        saved = {name: tuple(tensor.shape) for name, tensor in revert_weight_conversion(model, tensors).items()}
         layout.append([saved, native] if saved != native else [native])
     return layout
 
@@ -52,8 +58,8 @@ def _listing(names: list[str], limit: int = 4) -> str:
 
 
 def compare(found: dict[str, Shape], layout: list[list[dict[str, Shape]]], *, unexpected_ok: bool = False) -> str:
-    """What is wrong with the tensors `found` (`{name: shape}`) against `layout` (`model_layout`), as one
-    sentence, or `""` when nothing is."""
+    """What is wrong with the tensors `found` (`{name: shape}`) against `layout` (`model_layout`; each part must
+    be present in one of its forms), as one sentence, or `""` when nothing is."""
     missing, mismatched, used = [], [], set()
     for forms in layout:
         present = [form for form in forms if all(name in found for name in form)]
