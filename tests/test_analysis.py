@@ -381,3 +381,28 @@ def test_analyze_and_eval_ppl_commands(tmp_path, capsys):
     assert "--overwrite" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["eval-ppl", str(folder), "--lengths", "16", "--yarn", "0.5"])
+
+
+def test_commands_refuse_bad_input_in_one_line_and_write_nothing(tmp_path, capsys):
+    model_for().float().save_pretrained(tmp_path / "model")
+    (tmp_path / "not-safetensors.bin").write_bytes(b"\x80\x02 a pickle, say")
+    (tmp_path / "text.txt").write_text("some text")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{")
+    cases = [
+        (["analyze", str(tmp_path / "model"), "--tokens", str(tmp_path / "not-safetensors.bin")],
+         "is not a safetensors file"),
+        (["eval-ppl", str(tmp_path / "model"), "--lengths", "8", "--tokens", str(tmp_path / "not-safetensors.bin")],
+         "is not a safetensors file"),
+        (["analyze", str(tmp_path / "model"), "--text", str(tmp_path / "text.txt")], "--text needs a tokenizer"),
+        (["analyze", str(tmp_path / "broken")], "is not a valid JSON file"),
+        (["analyze", str(tmp_path / "missing")], "is not a model folder"),
+    ]
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    for args, message in cases:
+        assert main([*args, *(["--out", str(tmp_path / "out")] if args[0] == "analyze"
+                              else ["--out", str(tmp_path / "out" / "rows.json")])]) == 2
+        err = capsys.readouterr().err
+        lines = [line for line in err.splitlines() if line.startswith("gated-qwen: error: ")]
+        assert len(lines) == 1 and message in lines[0] and "Traceback" not in err, err
+        assert sorted(p.name for p in tmp_path.rglob("*")) == before  # no output, no staging folder, no parent
