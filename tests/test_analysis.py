@@ -314,6 +314,7 @@ def test_reproduce_smoke_preset_end_to_end(tmp_path, capsys):
     assert "multiple of the 4 attention heads" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a fresh interpreter or several processes
 def test_reproduce_in_worker_processes_gives_the_in_process_results():
     from gated_qwen.analysis.reproduce import PRESETS, customised, run_all
 

@@ -25,6 +25,8 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
 from gated_qwen.conversion import convert
 
+pytestmark = pytest.mark.slow  # every check here starts several processes
+
 SCRIPT = Path(__file__).parent / "dist_scripts" / "tp_and_fsdp.py"
 TINY = sizes(SMALL, intermediate_size=128, tie_word_embeddings=True)
 LR = 1e-2

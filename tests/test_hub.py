@@ -270,6 +270,7 @@ with torch.no_grad():
 """
 
 
+@pytest.mark.slow  # a fresh interpreter or several processes
 def test_push_to_hub_uploads_a_folder_that_loads_without_the_package(fake_hub, tmp_path):
     torch.manual_seed(0)
     model = GatedQwenForCausalLM(GatedQwenConfig(**TINY))

@@ -437,6 +437,7 @@ print("remote code ok")
 """
 
 
+@pytest.mark.slow  # a fresh interpreter or several processes
 def test_remote_code_load_without_the_package(tmp_path):
     import subprocess
     import sys

@@ -388,6 +388,7 @@ print("remote code ok")
 """
 
 
+@pytest.mark.slow  # a fresh interpreter or several processes
 def test_save_load_and_remote_code_without_the_package(tmp_path):
     import subprocess
     import sys

@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # every check here starts fresh interpreters
+
 REGISTERED = """
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 config = AutoConfig.for_model("gated_qwen", vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
