@@ -344,7 +344,7 @@ def test_qwen3_add_gate_refusals(qwen3_sources, tmp_path, capsys):
 def test_verify_catches_a_wrong_conversion(qwen3_sources, tmp_path, monkeypatch):
     """With the constant gate value not folded into o_proj the logits change; --verify must refuse to publish."""
     src = qwen3_sources[False][0]
-    monkeypatch.setattr(qwen3_module, "gate_init", lambda config: (0.0, "none", 1.0))
+    monkeypatch.setattr(qwen3_module, "added_gate_init", lambda config: (0.0, "none", 1.0))
     with pytest.raises(VerificationError, match="logits differ"):
         convert(src, tmp_path / "gated", from_format="qwen3", add_gate="elementwise", verify=True)
     assert_nothing_written(tmp_path / "gated")
@@ -403,7 +403,7 @@ def _config_only(folder: Path, config) -> Path:
 
 def test_qwen3_5_refusals(tmp_path):
     rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0}
-    refuse(r"layers \[0, 1, 2\] of SRC are 'linear_attention'",
+    refuse(r"layers \[0, 1, 2\] are 'linear_attention'",
            _config_only(tmp_path / "hybrid", Qwen3_5TextConfig(**{**TINY, "num_hidden_layers": 4},
                                                                rope_parameters=rope)),
            tmp_path / "o", from_format="qwen3_5")
@@ -620,7 +620,7 @@ def test_non_finite_source_is_named_as_such(qwen3_sources, tmp_path, capsys):
 
 
 def test_verification_failure_exits_with_1(qwen3_sources, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(qwen3_module, "gate_init", lambda config: (0.0, "none", 1.0))
+    monkeypatch.setattr(qwen3_module, "added_gate_init", lambda config: (0.0, "none", 1.0))
     cli_refuses(capsys, ["convert", str(qwen3_sources[False][0]), str(tmp_path / "dst"), "--from", "qwen3",
                          "--add-gate", "elementwise"], "verification failed", tmp_path / "dst", code=1)
 

@@ -22,6 +22,8 @@ from transformers import (
     Qwen3ForCausalLM,
     Qwen3MoeConfig,
     Qwen3MoeForCausalLM,
+    Qwen3NextConfig,
+    Qwen3NextForCausalLM,
 )
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, GatedQwenModel
@@ -217,6 +219,50 @@ def test_qwen3_5_linear_attention_layers_are_refused_with_the_reason(tmp_path):
     config.save_pretrained(tmp_path / "hybrid")
     with pytest.raises(CheckpointFormatError, match=r"layers \[0\] are 'linear_attention'"):
         GatedQwenForCausalLM.from_pretrained(tmp_path / "hybrid")
+
+
+# ------------------------------------------------------------ the converter and the load path: one layout each
+FULL_ROPE = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0}
+MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
+STOCK_FOLDERS = {  # name: (stock model, `--from` format, gate fields to add)
+    "qwen3": (lambda: Qwen3ForCausalLM(Qwen3Config(**sizes(TINY, tie_word_embeddings=False))), "qwen3", None),
+    "qwen3 + G2 headwise, bias": (lambda: Qwen3ForCausalLM(Qwen3Config(**sizes(TINY, attention_bias=True))), "qwen3",
+                                  dict(gate_position="value", gate_granularity="headwise", gate_bias=True)),
+    "qwen3 + additive sigmoid G3": (lambda: Qwen3ForCausalLM(Qwen3Config(**sizes(TINY, attention_bias=True))),
+                                    "qwen3", dict(gate_position="key", gate_combine="add")),
+    "qwen3 + constant ns_sigmoid G5, layer 1": (
+        lambda: Qwen3ForCausalLM(Qwen3Config(**TINY)), "qwen3",
+        dict(gate_position="dense", gate_activation="ns_sigmoid", gate_input_dependent=False, gate_layers=[1])),
+    "qwen3_moe": (lambda: Qwen3MoeForCausalLM(Qwen3MoeConfig(**sizes(TINY, **MOE))), "qwen3_moe", None),
+    "qwen3_moe + headwise": (lambda: Qwen3MoeForCausalLM(Qwen3MoeConfig(**sizes(TINY, mlp_only_layers=[0], **MOE))),
+                             "qwen3_moe", dict(gate_position="sdpa", gate_granularity="headwise")),
+    "qwen3_5 text, bias": (lambda: Qwen3_5ForCausalLM(Qwen3_5TextConfig(
+        **sizes(TINY, layer_types=["full_attention"] * 2), attention_bias=True, rope_parameters=FULL_ROPE)),
+        "qwen3_5", None),
+    "qwen3_next dense": (lambda: Qwen3NextForCausalLM(Qwen3NextConfig(
+        **sizes(TINY, layer_types=["full_attention"] * 2), mlp_only_layers=[0, 1], rope_parameters=FULL_ROPE, **MOE)),
+        "qwen3_5", None),
+    "qwen3_next moe": (lambda: Qwen3NextForCausalLM(Qwen3NextConfig(
+        **sizes(TINY, layer_types=["full_attention"] * 2), shared_expert_intermediate_size=24,
+        rope_parameters=FULL_ROPE, **MOE)), "qwen3_next", None),
+}
+
+
+@pytest.mark.parametrize("name", list(STOCK_FOLDERS))
+def test_converter_and_from_pretrained_read_a_folder_alike(tmp_path, name):
+    """`gated-qwen convert --from X` and `from_pretrained(folder of X).save_pretrained` write the same config and
+    the same tensors, bit for bit, for every format and kind of added gate (the release: above), and both compute
+    the stock model: the two paths read each layout the same way."""
+    make, fmt, gate = STOCK_FOLDERS[name]
+    stock = randomize_(make(), seed=8, norm_center=0.0 if fmt in ("qwen3_5", "qwen3_next") else 1.0).eval()
+    stock.save_pretrained(tmp_path / "stock")
+    convert(tmp_path / "stock", tmp_path / "converted", from_format=fmt, add_gate=gate, verify=False)
+    model = load(tmp_path / "stock", **(gate or {}))
+    torch.testing.assert_close(logits(model), logits(stock), rtol=1e-5, atol=1e-5)
+    model.save_pretrained(tmp_path / "saved")
+    assert_same_tensors(tmp_path / "saved", tmp_path / "converted")
+    configs = [json.loads((tmp_path / folder / "config.json").read_text()) for folder in ("saved", "converted")]
+    assert configs[0] == configs[1]
 
 
 # ------------------------------------------------------------------------------------------------------ errors

@@ -18,13 +18,12 @@ This file is copied to the Hugging Face Hub beside `modeling_gated.py`: relative
 
 import contextvars
 import json
-from types import SimpleNamespace
 
 import torch
 from transformers.core_model_loading import ConversionOps, WeightConverter
 from transformers.utils import logging
 
-from .gating import ACTIVATIONS, DEFAULTS, POSITIONS
+from .gating import ACTIVATIONS, POSITIONS
 
 logger = logging.get_logger(__name__)
 
@@ -52,6 +51,12 @@ A7_NOTE = (
     "training with the gate changes that."
 )
 
+
+def source_dtype(cfg: dict) -> str | None:
+    """The checkpoint dtype a config.json names (`dtype`, or the older `torch_dtype`)."""
+    return cfg.get("dtype") or cfg.get("torch_dtype")
+
+
 # ---------------------------------------------------------------------------------------------- the release
 # The official configuration's defaults (`configuration_qwen3.py` of qiuzh20/gated_attention).
 RELEASE_DEFAULTS = dict(
@@ -61,6 +66,7 @@ RELEASE_DEFAULTS = dict(
     attention_dropout=0.0, use_qk_norm=True, pad_token_id=None, bos_token_id=None, eos_token_id=None,
 )
 RELEASE_KEYS = ("headwise_attn_output_gate", "elementwise_attn_output_gate", "qkv_bias")
+RELEASE_VARIANTS = ("baseline", "headwise", "elementwise")
 
 
 def release_variant(config: dict) -> str:
@@ -75,6 +81,19 @@ def release_variant(config: dict) -> str:
 def release_q_rows(heads: int, head_dim: int, variant: str) -> int:
     """Rows of a release `q_proj`: H·D queries plus H (headwise) or H·D (elementwise) gate rows."""
     return heads * head_dim + {"baseline": 0, "headwise": heads, "elementwise": heads * head_dim}[variant]
+
+
+def release_q_rows_error(name: str, rows: int, heads: int, head_dim: int, variant: str) -> CheckpointFormatError:
+    """The error for a release `q_proj` tensor `name` with `rows` rows where the config's `variant` has
+    `release_q_rows`: it names the flags, both row counts and the variant whose layout the rows are, if any."""
+    flags = {"baseline": "headwise_attn_output_gate and elementwise_attn_output_gate false",
+             "headwise": "headwise_attn_output_gate=True", "elementwise": "elementwise_attn_output_gate=True"}
+    seen = {release_q_rows(heads, head_dim, v): v for v in RELEASE_VARIANTS}.get(rows)
+    return CheckpointFormatError(
+        f"config.json describes the release's {variant} variant ({flags[variant]}), whose q_proj has "
+        f"{release_q_rows(heads, head_dim, variant)} rows (H={heads}, D={head_dim}), but {name} has {rows} rows"
+        + (f", the {seen} layout: fix the gate flags in config.json." if seen else ", which is no release layout.")
+    )
 
 
 def split_release_q_proj(packed: torch.Tensor, kv_heads: int, group_q_rows: int, part: int) -> torch.Tensor:
@@ -158,9 +177,10 @@ def added_gate_init(config) -> tuple[float, str, float]:
 
     - c = 0, except for a multiplicative silu/identity gate with a free constant (a bias, or input-independent
       logits), where c = 1 because silu(0) = identity(0) = 0.
-    - Multiplicative (`Y * g`, g = act(c)): 1/g is folded into o_proj's weight for G1 (`W_o (Y g) / g`) and into the
-      producing projection (v/k/q_proj, o_proj for G5, bias included) otherwise. sigmoid: g = 0.5, a factor of 2,
-      exact in every float format; ns_sigmoid 0.75; silu with a free constant silu(1); identity with one 1.
+    - Multiplicative (`Y * g`, g = act(c)): 1/g is folded into o_proj's weight for G1 (`W_o (Y g) / g`; o_proj's
+      bias is added after and stays) and into the producing projection (v/k/q_proj, o_proj for G5, bias included)
+      otherwise. sigmoid: g = 0.5, a factor of 2, exact in every float format; ns_sigmoid 0.75 (4/3 rounds once in
+      the checkpoint dtype); silu with a free constant silu(1); identity with one 1, nothing to fold.
     - Additive (`Y + g`): silu and identity add 0; sigmoid and ns_sigmoid add g everywhere, subtracted from the bias
       of the producing projection (v_proj for G1: attention rows sum to 1), so they need `attention_bias=True`.
     Raises `CheckpointFormatError` where no initialisation computes the same function."""
@@ -202,14 +222,35 @@ def added_gate_targets(config) -> dict[str, str]:
     return {}
 
 
+def added_gate_tensors(config, c: float) -> dict[str, float]:
+    """`{kind: value}`: the new tensors of a gated layer (`g_proj.weight`, `g_proj.bias`, or the `logits` of an
+    input-independent gate), each filled with its value: zero weights and the constant logit `c` of
+    `added_gate_init`."""
+    if not config.gate_input_dependent:
+        return {"logits": c}
+    return {"g_proj.weight": 0.0, **({"g_proj.bias": c} if config.gate_bias else {})}
+
+
+def changed_for_added_gate(tensor: torch.Tensor, change: str | None, factor: float) -> torch.Tensor:
+    """A tensor of a gated layer (any shape) with the `change` that `added_gate_targets` names for it ("scale":
+    times `factor`, "shift": plus `factor`, computed in float64; None: unchanged), in its dtype."""
+    if change == "scale":
+        return (tensor.double() * factor).to(tensor.dtype)
+    if change == "shift":
+        return (tensor.double() + factor).to(tensor.dtype)
+    return tensor
+
+
 def qwen3_config_fields(cfg: dict, gate: dict | None) -> dict:
     """GatedQwenConfig fields of a stock Qwen3 config.json (Qwen3's defaults for what it leaves out), without a gate
-    or with the `gate` fields (then initialised as `added_gate_init` says)."""
+    or with the `gate` fields (then initialised as `added_gate_init` says; a gate that is no valid GatedQwen gate,
+    or that no initialisation can add without changing the function, is refused here, before any tensor is
+    read)."""
     release_keys = [k for k in RELEASE_KEYS if k in cfg and (k == "qkv_bias" or cfg[k])]
     if release_keys or cfg.get("use_qk_norm") is False:
         raise CheckpointFormatError(
             f"the folder is in the layout of the paper's released checkpoints ({', '.join(release_keys) or 'use_qk_norm'}"
-            " in config.json), not stock Qwen3; read it as a release folder."
+            " in config.json), not stock Qwen3; read it in the `release` format."
         )
     from transformers import Qwen3Config
 
@@ -217,8 +258,16 @@ def qwen3_config_fields(cfg: dict, gate: dict | None) -> dict:
     fields = dict({k: getattr(stock, k) for k in QWEN3_FIELDS + SLIDING_FIELDS}, use_qk_norm=True,
                   **(parse_gate(gate) if gate else dict(gate_position=None)))
     if gate:
-        added_gate_init(SimpleNamespace(**{**DEFAULTS, **fields}))  # refuses, before any tensor is read
-        logger.warning_once(A7_NOTE)
+        from .configuration_gated import CONFIG_ERRORS, GatedQwenConfig
+
+        try:
+            config = GatedQwenConfig(**fields)
+        except CONFIG_ERRORS as error:
+            added = ", ".join(f"{k}={v!r}" for k, v in fields.items() if k.startswith("gate_"))
+            raise CheckpointFormatError(
+                f"the gate to add ({added}) is not a GatedQwen gate: {' '.join(str(error.__cause__ or error).split())}"
+            ) from None
+        added_gate_init(config)
     return fields
 
 
@@ -250,6 +299,32 @@ def split_heads(packed: torch.Tensor, heads: int, part: int) -> torch.Tensor:
     return packed.view(heads, 2, -1, *packed.shape[1:])[:, part].reshape(-1, *packed.shape[1:])
 
 
+def qwen3_5_q_rows_error(name: str, rows: int, heads: int, head_dim: int) -> CheckpointFormatError:
+    """The error for a Qwen3.5 `q_proj` tensor `name` whose `rows` are not the 2·H·D of `split_heads`."""
+    return CheckpointFormatError(
+        f"{name} has {rows} rows; Qwen3.5 attention has 2·H·D = {2 * heads * head_dim} (H={heads}, D={head_dim}): "
+        "the queries and the gate of each head."
+    )
+
+
+def from_zero_centred(weight: torch.Tensor) -> torch.Tensor:
+    """A Qwen3.5 / Qwen3-Next RMSNorm weight `[dim]` (the norm computes `x̂·(1 + w)`) -> GatedQwen's (`x̂·w`):
+    `w + 1`. `to_zero_centred` is its inverse."""
+    return weight + 1
+
+
+def to_zero_centred(weight: torch.Tensor) -> torch.Tensor:
+    """GatedQwen's RMSNorm weight `[dim]` -> Qwen3.5's zero-centred one: `w - 1` (the inverse of
+    `from_zero_centred`)."""
+    return weight - 1
+
+
+def moe_layers(layers: int, num_experts: int, mlp_only_layers: list[int] | None, sparse_step: int) -> list[int]:
+    """The mixture-of-experts layers of a Qwen3-MoE / Qwen3-Next config (none with `num_experts=0`)."""
+    dense = set(mlp_only_layers or [])
+    return [i for i in range(layers) if num_experts and i not in dense and (i + 1) % sparse_step == 0]
+
+
 def qwen3_5_config_fields(cfg: dict) -> dict:
     """GatedQwenConfig fields (G1 elementwise sigmoid gate) of a Qwen3.5 text or Qwen3-Next config.json whose
     layers are all full attention with RoPE on the whole head; Qwen3-Next's experts come along."""
@@ -279,9 +354,8 @@ def qwen3_5_config_fields(cfg: dict) -> dict:
             if k not in ("partial_rotary_factor", "mrope_section", "mrope_interleaved")}  # text: one position a token
     fields = dict({k: getattr(stock, k) for k in QWEN3_FIELDS}, rope_parameters=rope, use_qk_norm=True,
                   gate_position="sdpa", gate_granularity="elementwise", gate_bias=stock.attention_bias)
-    if model_type == "qwen3_next" and stock.num_experts and any(
-            i not in stock.mlp_only_layers and (i + 1) % stock.decoder_sparse_step == 0
-            for i in range(stock.num_hidden_layers)):
+    if model_type == "qwen3_next" and moe_layers(stock.num_hidden_layers, stock.num_experts, stock.mlp_only_layers,
+                                                 stock.decoder_sparse_step):
         fields.update({k: getattr(stock, k) for k in MOE_FIELDS},
                       shared_expert_intermediate_size=stock.shared_expert_intermediate_size,
                       mlp_only_layers=stock.mlp_only_layers or None)
@@ -331,7 +405,9 @@ def gated_config_dict(cfg: dict, gate: dict | None = None) -> dict:
     fields = {"release": release_config_fields, "qwen3_5": qwen3_5_config_fields}.get(fmt)
     fields = fields(cfg) if fields else {"qwen3": qwen3_config_fields, "qwen3_moe": qwen3_moe_config_fields}[fmt](
         cfg, gate)
-    dtype = cfg.get("dtype") or cfg.get("torch_dtype")
+    if gate:
+        logger.warning_once(A7_NOTE)
+    dtype = source_dtype(cfg)
     return dict(fields, model_type="gated_qwen", _checkpoint_format=fmt, **({"dtype": dtype} if dtype else {}))
 
 
@@ -394,7 +470,7 @@ class ReadCheckpointFormat(ConversionOps):
             return self._split_q_proj(config, fmt, tensor, target_patterns, full_layer_name,
                                       local=_local_shape(model, targets[target_patterns[0]])[0])
         if fmt == "qwen3_5" and source.endswith("norm.weight"):
-            return {target_patterns[0]: tensor + 1}
+            return {target_patterns[0]: from_zero_centred(tensor)}
         if fmt in ("qwen3", "qwen3_moe") and _layer(full_layer_name) in config.gated_layers:
             return self._add_gate(config, source, target_patterns, tensor,
                                   lambda target: _local_shape(model, targets[target]))
@@ -407,21 +483,13 @@ class ReadCheckpointFormat(ConversionOps):
         share = local / (heads * dim)  # of the heads, on this rank (1 without tensor parallelism)
         if fmt == "qwen3_5":
             if tensor.shape[0] != 2 * local:
-                _fail(CheckpointFormatError(
-                    f"{name} has {tensor.shape[0] / share:g} rows; Qwen3.5 attention has 2·H·D = {2 * heads * dim} "
-                    f"(H={heads}, D={dim}): the queries and the gate of each head."))
+                _fail(qwen3_5_q_rows_error(name, round(tensor.shape[0] / share), heads, dim))
             return {target: split_heads(tensor, round(heads * share), part).contiguous()
                     for part, target in enumerate(targets[:2])}
         variant = "baseline" if config.gate_position is None else config.gate_granularity
         expected = release_q_rows(heads, dim, variant)
         if tensor.shape[0] != expected * share:
-            rows = round(tensor.shape[0] / share)
-            seen = {release_q_rows(heads, dim, v): v for v in ("baseline", "headwise", "elementwise")}
-            _fail(CheckpointFormatError(
-                f"config.json describes the release's {variant} variant (headwise_attn_output_gate / "
-                f"elementwise_attn_output_gate), whose q_proj has {expected} rows (H={heads}, D={dim}), but {name} "
-                f"has {rows} rows" + (f", the {seen[rows]} layout: fix the gate flags in config.json."
-                                      if rows in seen else ", which is no release layout.")))
+            _fail(release_q_rows_error(name, round(tensor.shape[0] / share), heads, dim, variant))
         if variant == "baseline":
             return {targets[0]: tensor}
         return {target: split_release_q_proj(tensor, round(kv * share), heads // kv * dim, part).contiguous()
@@ -433,16 +501,10 @@ class ReadCheckpointFormat(ConversionOps):
         gate tensors (each shaped like its parameter on this rank)."""
         c, _, factor = added_gate_init(config)
         change = added_gate_targets(config).get(source.removeprefix("self_attn."))
-        out = {targets[0]: tensor}
-        if change == "scale":
-            out[targets[0]] = (tensor.double() * factor).to(tensor.dtype)
-        elif change == "shift":
-            out[targets[0]] = (tensor.double() + factor).to(tensor.dtype)
+        out = {targets[0]: changed_for_added_gate(tensor, change, factor)}
         if source == "self_attn.o_proj.weight":
             new = dict(zip(("g_proj.weight", "g_proj.bias", "logits"), targets[1:]))
-            made = ({"g_proj.weight": 0.0, **({"g_proj.bias": c} if config.gate_bias else {})}
-                    if config.gate_input_dependent else {"logits": c})
-            for kind, value in made.items():
+            for kind, value in added_gate_tensors(config, c).items():
                 out[new[kind]] = tensor.new_full(local_shape(new[kind]), value)
         return out
 

@@ -6,7 +6,7 @@ GatedQwen checkpoint. Formats:
 - `"release"`: the paper's released checkpoints (`QwQZh/gated_attention`), gate rows packed in `q_proj` per kv
   group (see `release.py`); both directions, byte-identical round trip.
 - `"qwen3"`: stock Transformers Qwen3 -> GatedQwen, without a gate (exact) or with `add_gate=VARIANT` initialised
-  so that the logits do not change (see `qwen3.py` for what is done per variant).
+  so that the logits do not change (`checkpoint_formats.added_gate_init` says what is done per variant).
 - `"qwen3_5"`: GatedQwen <-> Transformers' Qwen3.5 text model with every layer full attention; the import also
   reads Qwen3-Next checkpoints that are attention-only and dense.
 - `"qwen3_moe"`: stock Transformers Qwen3-MoE -> GatedQwen with experts, without a gate or with `add_gate` as for
@@ -15,7 +15,8 @@ GatedQwen checkpoint. Formats:
   attention, dense or mixture-of-experts (see `qwen3_next.py`).
 
 The formats are a registry (`formats.py`) from which `FROM_FORMATS`, `TO_FORMATS` and the command line's choices
-come. Every conversion streams tensors (one output shard in memory at a time), writes sharded safetensors with an
+come. The layouts and config translations that `from_pretrained` reads too are defined once, in
+`gated_qwen.checkpoint_formats`; its refusals reach the caller as `ConversionError`s that name the format flag. Every conversion streams tensors (one output shard in memory at a time), writes sharded safetensors with an
 index, shows progress, and writes `dst` through `gated_qwen.outputs` (refused when it is, contains or lies inside
 `src`; built in a staging folder beside it and renamed into place only when complete; an existing `dst` replaced
 only with `overwrite=True`). Pickled `.bin` weights are read only with `allow_pickle=True`. Whatever `verify` says,
@@ -60,22 +61,29 @@ def _write_config(config, folder: Path, kind: str) -> None:
 
 
 @contextmanager
-def _refusals_as_conversion_errors() -> Iterator[None]:
-    """The destination's refusals (`gated_qwen.outputs`) raised as the ConversionError that `convert` promises."""
+def _refusals_as_conversion_errors(flag: str) -> Iterator[None]:
+    """The destination's refusals (`gated_qwen.outputs`) and those of the layouts shared with `from_pretrained`
+    (`checkpoint_formats`, named with the format `flag`) raised as the ConversionError that `convert` promises."""
+    from ..checkpoint_formats import CheckpointFormatError
+
     try:
         yield
     except OutputError as error:
         raise ConversionError(str(error)) from None
+    except CheckpointFormatError as error:
+        raise ConversionError(f"{flag}: {error}") from None
 
 
 def _plan(fmt, export: bool, ckpt, add_gate):
     """The format's planner, with a config.json whose values the config classes refuse reported as such."""
     from huggingface_hub.errors import StrictDataclassError
 
+    from ..checkpoint_formats import CheckpointFormatError
+
     planner = fmt.planner(export)
     try:
         return planner(ckpt, add_gate) if fmt.takes_gate and not export else planner(ckpt)
-    except ConversionError:
+    except (ConversionError, CheckpointFormatError):
         raise
     except (StrictDataclassError, ValueError, TypeError) as error:
         direction = f"a {fmt.name} checkpoint" if not export else "a gated_qwen checkpoint"
@@ -121,7 +129,8 @@ def convert(
 
     shard_size = parse_size(max_shard_size) if max_shard_size is not None else None
     src, dst = Path(src), Path(dst)
-    with _refusals_as_conversion_errors(), output_folder(dst, inputs=[src], overwrite=overwrite, label="DST") as tmp:
+    flag = f"{'--to' if export else '--from'} {name}"
+    with _refusals_as_conversion_errors(flag), output_folder(dst, inputs=[src], overwrite=overwrite, label="DST") as tmp:
         ckpt = Checkpoint(src, allow_pickle=allow_pickle)
         out_config, plan = _plan(fmt, export, ckpt, add_gate)
         src_kind = "gated_qwen" if export else "release" if name == "release" else ckpt.config["model_type"]
@@ -147,7 +156,7 @@ def convert(
             say(f"verified: logits agree to {error:.2g} (max |difference| / max(1, max |logit|); tolerance "
                 f"{VERIFY_RTOL:g})")
     if add_gate is not None:
-        from .common import A7_NOTE
+        from ..checkpoint_formats import A7_NOTE
 
         say(A7_NOTE)
     say(f"wrote {dst} ({result_kind}, {len(plan)} tensors)")

@@ -1,35 +1,19 @@
-"""Pieces shared by the formats: config fields, tensor bookkeeping, zero-centred norms and the G1 gate rows."""
+"""Pieces shared by the formats' planners: tensor bookkeeping, zero-centred norms in the plan and the G1 gate rows.
+The layouts and config translations themselves are defined once, for `from_pretrained` too, in
+`gated_qwen.checkpoint_formats`."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
 from ..configuration_gated import GatedQwenConfig
 from .io import Checkpoint, ConversionError, TensorPlan
 
-# The Qwen3 fields that every format here shares with GatedQwenConfig (same names, same meaning).
-QWEN3_FIELDS = (
-    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-    "num_key_value_heads", "head_dim", "hidden_act", "max_position_embeddings", "initializer_range", "rms_norm_eps",
-    "use_cache", "tie_word_embeddings", "rope_parameters", "attention_bias", "attention_dropout", "pad_token_id",
-    "bos_token_id", "eos_token_id",
-)
-SLIDING_FIELDS = ("use_sliding_window", "sliding_window", "max_window_layers", "layer_types")
-
 # RMSNorm weights of a Qwen3 decoder, relative to `model.` (Qwen3.5 / Qwen3-Next store all of them zero-centred).
 LAYER_NORMS = ("input_layernorm", "post_attention_layernorm", "self_attn.q_norm", "self_attn.k_norm")
 FINAL_NORM = "model.norm.weight"
-
-A7_NOTE = (
-    "Note (Qiu et al. 2025, appendix A.7): adding a gate to an already-trained model does not remove the attention "
-    "sink or the massive activations it has learned. The converted model computes what the source computes; only "
-    "further training with the gate changes that."
-)
-
-
-def source_dtype(config: dict) -> str | None:
-    """The checkpoint dtype a config.json names (`dtype`, or the older `torch_dtype`)."""
-    return config.get("dtype") or config.get("torch_dtype")
 
 
 def load_gated_config(ckpt: Checkpoint) -> GatedQwenConfig:
@@ -95,13 +79,13 @@ def norm_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-def shifted_norm(tmap: TensorMap, name: str, delta: float, out_name: str | None = None) -> None:
-    """Puts `w + delta` for the norm weight `name` (`[dim]`): -1 turns Qwen3's `x̂·w` into the zero-centred
-    `x̂·(1 + w)` of Qwen3.5/Qwen3-Next, +1 turns it back."""
+def shifted_norm(tmap: TensorMap, name: str, shift: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """Puts `shift(w)` for the norm weight `name` (`[dim]`), computed in float32: `checkpoint_formats.to_zero_centred`
+    or `from_zero_centred`."""
     info = tmap.info(name)
     tmap.used.add(name)
     dtype = norm_dtype(info.dtype)
-    tmap.put(out_name or name, TensorPlan(info.shape, dtype, lambda: (tmap.ckpt.get(name).float() + delta).to(dtype)))
+    tmap.put(name, TensorPlan(info.shape, dtype, lambda: shift(tmap.ckpt.get(name).float()).to(dtype)))
 
 
 def copy_rest(tmap: TensorMap, config, rename=lambda name: name) -> None:

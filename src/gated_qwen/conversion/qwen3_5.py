@@ -19,43 +19,40 @@ elements / heads they share; layers without a gate and input-independent gates b
 with o_proj's columns multiplied by 2·(gate value). Other gates are refused with the reason. Import gives a G1
 elementwise sigmoid GatedQwen. Qwen3-Next differs from Qwen3.5 only by its mixture-of-experts MLP; a Qwen3-Next
 checkpoint whose layers are all full attention with the dense MLP (`mlp_only_layers` covering every layer, or
-`num_experts=0`) imports the same way; its MoE layers are refused.
+`num_experts=0`) imports the same way; its MoE layers are refused. The layouts (`split_heads` / `interleave_heads`,
+`from_zero_centred` / `to_zero_centred`) and the import's config (`qwen3_5_config_fields`, with its refusals) are
+those of `checkpoint_formats`, which `from_pretrained` reads such folders with.
 """
 
 from __future__ import annotations
 
-import torch
-
+from ..checkpoint_formats import (
+    QWEN3_FIELDS,
+    from_zero_centred,
+    interleave_heads,
+    moe_layers,
+    qwen3_5_config_fields,
+    qwen3_5_q_rows_error,
+    source_dtype,
+    split_heads,
+    to_zero_centred,
+)
 from ..configuration_gated import GatedQwenConfig
 from .common import (
     FINAL_NORM,
     LAYER_NORMS,
-    QWEN3_FIELDS,
     TensorMap,
     check_g1_sigmoid,
     copy_rest,
     g1_gate_rows,
     load_gated_config,
     shifted_norm,
-    source_dtype,
     zeros,
 )
 from .io import Checkpoint, ConversionError, TensorPlan
 
 IMPORT_MODEL_TYPES = ("qwen3_5_text", "qwen3_next")
 IGNORED_PREFIXES = ("mtp.",)  # multi-token-prediction heads: not part of the causal LM (stock classes skip them too)
-
-
-def interleave_heads(queries: torch.Tensor, gates: torch.Tensor, heads: int) -> torch.Tensor:
-    """`queries, gates: [H*D, ...]` -> Qwen3.5 `q_proj` rows `[H*2D, ...]`, per head `[q_h | gate_h]`."""
-    rest = queries.shape[1:]
-    return torch.cat([queries.view(heads, -1, *rest), gates.view(heads, -1, *rest)], dim=1).reshape(-1, *rest)
-
-
-def split_heads(packed: torch.Tensor, heads: int, part: int) -> torch.Tensor:
-    """Qwen3.5 `q_proj` rows `[H*2D, ...]` -> the queries `[H*D, ...]` (`part=0`) or the gates `[H*D, ...]`
-    (`part=1`); only that part is copied."""
-    return packed.view(heads, 2, -1, *packed.shape[1:])[:, part].reshape(-1, *packed.shape[1:])
 
 
 def plan_gated_to_qwen3_5(ckpt: Checkpoint):
@@ -96,8 +93,8 @@ def plan_gated_to_qwen3_5(ckpt: Checkpoint):
                     info = tmap.info(attn + f"{proj}.weight")
                     tmap.put(attn + f"{proj}.bias", zeros((info.shape[0],), info.dtype))
         for norm in LAYER_NORMS:
-            shifted_norm(tmap, prefix + norm + ".weight", -1.0)
-    shifted_norm(tmap, FINAL_NORM, -1.0)
+            shifted_norm(tmap, prefix + norm + ".weight", to_zero_centred)
+    shifted_norm(tmap, FINAL_NORM, to_zero_centred)
     copy_rest(tmap, config)
 
     fields = {k: getattr(config, k) for k in QWEN3_FIELDS}
@@ -111,77 +108,49 @@ def plan_gated_to_qwen3_5(ckpt: Checkpoint):
     return out, tmap.finish()
 
 
-def stock_import_config(cfg: dict):
-    """The stock config object of a Qwen3.5 text / Qwen3-Next config.json (so defaults are read as Transformers
-    reads them), after checking that it is attention-only with full rotary and a dense MLP."""
-    from transformers import Qwen3_5TextConfig, Qwen3NextConfig
-
-    model_type = cfg.get("model_type")
-    if model_type == "qwen3_5":
-        raise ConversionError(
-            "SRC is a Qwen3.5 vision-language checkpoint (model_type 'qwen3_5'); convert its text model "
-            "(model_type 'qwen3_5_text', e.g. saved from Qwen3_5ForCausalLM)."
-        )
-    if model_type not in IMPORT_MODEL_TYPES:
-        raise ConversionError(
-            f"SRC has model_type={model_type!r}; `--from qwen3_5` reads {' or '.join(IMPORT_MODEL_TYPES)}."
-        )
-    cls = Qwen3_5TextConfig if model_type == "qwen3_5_text" else Qwen3NextConfig
-    stock = cls(**{k: v for k, v in cfg.items() if k not in ("model_type", "architectures", "auto_map")})
-    linear = [i for i, t in enumerate(stock.layer_types) if t != "full_attention"]
-    if linear:
-        raise ConversionError(
-            f"layers {linear} of SRC are {stock.layer_types[linear[0]]!r} (Gated DeltaNet linear attention), which "
-            "GatedQwen does not have; only checkpoints whose layer_types are all 'full_attention' convert."
-        )
-    factor = stock.rope_parameters.get("partial_rotary_factor", 1.0)
-    if factor != 1.0:
-        raise ConversionError(
-            f"SRC rotates only part of each head (partial_rotary_factor={factor}); GatedQwen applies RoPE to the "
-            "whole head, so only checkpoints with partial_rotary_factor 1.0 convert exactly."
-        )
-    if model_type == "qwen3_next":
-        sparse = [i for i in range(stock.num_hidden_layers) if i not in stock.mlp_only_layers and
-                  stock.num_experts > 0 and (i + 1) % stock.decoder_sparse_step == 0]
-        if sparse:
-            raise ConversionError(
-                f"layers {sparse} of SRC are mixture-of-experts (num_experts={stock.num_experts}); `--from qwen3_5` "
-                "imports dense models (every layer in mlp_only_layers, or num_experts=0). Use `--from qwen3_next` "
-                "for a Qwen3-Next mixture-of-experts checkpoint."
-            )
-    return stock
-
-
 def plan_qwen3_5_to_gated(ckpt: Checkpoint):
-    stock = stock_import_config(ckpt.config)
-    rope = {k: v for k, v in stock.rope_parameters.items()
-            if k not in ("partial_rotary_factor", "mrope_section", "mrope_interleaved")}  # text: one position per token
-    fields = {k: getattr(stock, k) for k in QWEN3_FIELDS}
-    fields.update(rope_parameters=rope)
-    config = GatedQwenConfig(**fields, use_qk_norm=True, gate_position="sdpa", gate_granularity="elementwise",
-                             gate_bias=stock.attention_bias)
-    config.dtype = source_dtype(ckpt.config)
-    heads, head_dim = config.num_attention_heads, config.head_dim
+    cfg = ckpt.config
+    if cfg.get("model_type") not in ("qwen3_5", *IMPORT_MODEL_TYPES):  # qwen3_5: refused with the reason below
+        raise ConversionError(
+            f"SRC has model_type={cfg.get('model_type')!r}; `--from qwen3_5` reads {' or '.join(IMPORT_MODEL_TYPES)}."
+        )
+    fields = qwen3_5_config_fields(cfg)  # refuses linear attention and partial RoPE
+    sparse = moe_layers(fields["num_hidden_layers"], fields.get("num_experts", 0), fields.get("mlp_only_layers"),
+                        fields.get("decoder_sparse_step", 1))
+    if sparse:
+        raise ConversionError(
+            f"layers {sparse} of SRC are mixture-of-experts (num_experts={fields['num_experts']}); `--from qwen3_5` "
+            "imports dense models (every layer in mlp_only_layers, or num_experts=0). Use `--from qwen3_next` "
+            "for a Qwen3-Next mixture-of-experts checkpoint."
+        )
+    config = GatedQwenConfig(**fields)
+    config.dtype = source_dtype(cfg)
+    return config, plan_qwen3_5_tensors(ckpt, config)
 
+
+def plan_qwen3_5_tensors(ckpt: Checkpoint, config: GatedQwenConfig) -> dict[str, TensorPlan]:
+    """The tensors of a Qwen3.5 text / Qwen3-Next checkpoint read as the GatedQwen model `config`: `q_proj` split
+    into queries and gate rows (`checkpoint_formats.split_heads`), the zero-centred norms shifted
+    (`from_zero_centred`), the rest (MLP, experts, router) unchanged, multi-token-prediction heads left out."""
+    heads, head_dim = config.num_attention_heads, config.head_dim
     tmap = TensorMap(ckpt)
     for name in ckpt.tensors:
         if name.startswith(IGNORED_PREFIXES):
             tmap.drop(name)
     for layer in range(config.num_hidden_layers):
         prefix = f"model.layers.{layer}."
-        for kind in ("weight", "bias") if stock.attention_bias else ("weight",):
+        for kind in ("weight", "bias") if config.attention_bias else ("weight",):
             name = prefix + f"self_attn.q_proj.{kind}"
             info = tmap.info(name)
             tmap.drop(name)
             if info.shape[0] != 2 * heads * head_dim:
-                raise ConversionError(f"{name} has {info.shape[0]} rows; Qwen3.5 attention has 2·H·D = "
-                                      f"{2 * heads * head_dim} (H={heads}, D={head_dim}).")
+                raise qwen3_5_q_rows_error(name, info.shape[0], heads, head_dim)
             for part, out in ((0, "q_proj"), (1, "g_proj")):
                 tmap.put(prefix + f"self_attn.{out}.{kind}", TensorPlan(
                     (heads * head_dim, *info.shape[1:]), info.dtype,
                     lambda name=name, part=part: split_heads(ckpt.get(name), heads, part)))
         for norm in LAYER_NORMS:
-            shifted_norm(tmap, prefix + norm + ".weight", +1.0)
-    shifted_norm(tmap, FINAL_NORM, +1.0)
+            shifted_norm(tmap, prefix + norm + ".weight", from_zero_centred)
+    shifted_norm(tmap, FINAL_NORM, from_zero_centred)
     copy_rest(tmap, config)
-    return config, tmap.finish()
+    return tmap.finish()

@@ -5,9 +5,10 @@ its sparse block is Qwen3-MoE's router and experts plus a shared expert scaled b
 With `layer_types` all `"full_attention"` and `partial_rotary_factor=1.0` it computes exactly a G1-gated GatedQwen
 MoE with `shared_expert_intermediate_size` set. What differs is the format of the attention part only, which
 Qwen3.5 shares: the fused per-head `[q_h | gate_h]` `q_proj`, the zero-centred RMSNorms (`x̂ · (1 + w)`), partial
-RoPE. That part is planned by the Qwen3.5 converter (`qwen3_5.py`, which documents it) on a view of the checkpoint
-whose config hides the experts; the MLP tensors have the same names and on-disk layout in both models and pass
-through unchanged, and the mixture-of-experts fields are added to the resulting config.
+RoPE. That part is planned by the Qwen3.5 converter (`qwen3_5.py`, which documents it; the export on a view of the
+checkpoint whose config hides the experts); the MLP tensors have the same names and on-disk layout in both models
+and pass through unchanged. The import's config is `checkpoint_formats.qwen3_5_config_fields`, experts included, as
+`from_pretrained` reads such a folder.
 
 Export needs a shared expert in every sparse layer (Qwen3-Next's sparse block always has one) and a gate that
 Qwen3.5's export accepts (every G1 sigmoid multiplicative gate; see `qwen3_5.py`). Qwen3-Next has no router z-loss:
@@ -19,16 +20,10 @@ from __future__ import annotations
 
 import copy
 
+from ..checkpoint_formats import MOE_FIELDS, QWEN3_FIELDS, qwen3_5_config_fields, source_dtype
 from ..configuration_gated import MOE_DEFAULTS, GatedQwenConfig
-from .common import QWEN3_FIELDS
 from .io import Checkpoint, ConversionError
-from .qwen3_5 import plan_gated_to_qwen3_5, plan_qwen3_5_to_gated
-
-# The mixture-of-experts fields that Qwen3-Next and GatedQwenConfig share (same names and meaning).
-QWEN3_NEXT_MOE_FIELDS = (
-    "num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step",
-    "mlp_only_layers", "shared_expert_intermediate_size", "router_aux_loss_coef", "output_router_logits",
-)
+from .qwen3_5 import plan_gated_to_qwen3_5, plan_qwen3_5_tensors
 
 
 def _view(ckpt: Checkpoint, config: dict) -> Checkpoint:
@@ -56,7 +51,7 @@ def plan_gated_to_qwen3_next(ckpt: Checkpoint):
     out35, plan = plan_gated_to_qwen3_5(_view(ckpt, dense))  # passes the expert, router and MLP tensors through
 
     fields = {k: getattr(out35, k) for k in QWEN3_FIELDS}
-    fields.update({k: getattr(config, k) for k in QWEN3_NEXT_MOE_FIELDS})
+    fields.update({k: getattr(config, k) for k in (*MOE_FIELDS, "shared_expert_intermediate_size")})
     fields.update(
         rope_parameters=out35.rope_parameters, attention_bias=out35.attention_bias,
         layer_types=["full_attention"] * config.num_hidden_layers, mlp_only_layers=config.mlp_only_layers or [],
@@ -68,26 +63,10 @@ def plan_gated_to_qwen3_next(ckpt: Checkpoint):
 
 
 def plan_qwen3_next_to_gated(ckpt: Checkpoint):
-    from transformers import Qwen3NextConfig
-
     if ckpt.config.get("model_type") != "qwen3_next":
         raise ConversionError(
             f"SRC has model_type={ckpt.config.get('model_type')!r}; `--from qwen3_next` reads model_type 'qwen3_next'."
         )
-    stock = Qwen3NextConfig(**{k: v for k, v in ckpt.config.items() if k not in ("model_type", "architectures")})
-    moe = {k: getattr(stock, k) for k in QWEN3_NEXT_MOE_FIELDS}
-    dense = {**stock.to_dict(), "num_experts": 0}
-    config, plan = plan_qwen3_5_to_gated(_view(ckpt, dense))  # checks full attention and full RoPE
-    dense_layers = set(stock.mlp_only_layers)
-    if stock.num_experts == 0 or all(
-        i in dense_layers or (i + 1) % stock.decoder_sparse_step for i in range(stock.num_hidden_layers)
-    ):
-        return config, plan  # no sparse layer: a dense GatedQwen
-
-    fields = config.to_dict()
-    for key in ("architectures", "auto_map", "transformers_version", "model_type"):
-        fields.pop(key, None)
-    fields.update(moe)
-    out = GatedQwenConfig(**fields)
-    out.dtype = config.dtype
-    return out, plan
+    config = GatedQwenConfig(**qwen3_5_config_fields(ckpt.config))  # refuses linear attention and partial RoPE
+    config.dtype = source_dtype(ckpt.config)
+    return config, plan_qwen3_5_tensors(ckpt, config)  # passes the expert, router and MLP tensors through

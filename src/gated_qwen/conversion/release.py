@@ -12,64 +12,34 @@ The official code applies `attn_output[B, L, H, D] * sigmoid(gate[B, L, H, W])` 
 true it uses headwise (its `if headwise ... elif elementwise`), and so does this converter.
 
 GatedQwen keeps the same weights with the gate rows moved to `self_attn.g_proj` (rows per query head), so the
-conversion is a permutation of rows: release -> gated_qwen -> release gives byte-identical tensors.
+conversion is a permutation of rows: release -> gated_qwen -> release gives byte-identical tensors. The layout
+(`split_release_q_proj` / `pack_release_q_proj`) and the import's config (`release_config_fields`, the official
+defaults) are those of `checkpoint_formats`, which `from_pretrained` reads release folders with.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..configuration_gated import GatedQwenConfig
-from .common import (
+from ..checkpoint_formats import (
     QWEN3_FIELDS,
-    TensorMap,
-    check_g1_sigmoid,
-    copy_rest,
-    g1_gate_rows,
-    load_gated_config,
+    RELEASE_DEFAULTS,
+    pack_release_q_proj,
+    release_config_fields,
+    release_q_rows,
+    release_q_rows_error,
+    release_variant,
     source_dtype,
-    zeros,
+    split_release_q_proj,
 )
+from ..configuration_gated import GatedQwenConfig
+from .common import TensorMap, check_g1_sigmoid, copy_rest, g1_gate_rows, load_gated_config, zeros
 from .io import Checkpoint, ConversionError, TensorPlan
 
-# The official configuration's defaults (`configuration_qwen3.py` of qiuzh20/gated_attention).
-RELEASE_DEFAULTS = dict(
-    vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32, num_attention_heads=32,
-    num_key_value_heads=32, head_dim=128, hidden_act="silu", max_position_embeddings=32768, initializer_range=0.02,
-    rms_norm_eps=1e-6, use_cache=True, tie_word_embeddings=False, rope_theta=10000.0, rope_scaling=None,
-    attention_dropout=0.0, use_qk_norm=True, pad_token_id=None, bos_token_id=None, eos_token_id=None,
-)
 OFFICIAL_AUTO_MAP = {
     "AutoConfig": "configuration_qwen3.Qwen3Config",
     "AutoModelForCausalLM": "modeling_qwen3.Qwen3ForCausalLM",
 }
-
-
-def release_variant(config: dict) -> str:
-    """`"headwise"`, `"elementwise"` or `"baseline"`, as the official code reads the two flags."""
-    if config.get("headwise_attn_output_gate", False):
-        return "headwise"
-    if config.get("elementwise_attn_output_gate", False):
-        return "elementwise"
-    return "baseline"
-
-
-def q_rows(heads: int, head_dim: int, variant: str) -> int:
-    return heads * head_dim + {"baseline": 0, "headwise": heads, "elementwise": heads * head_dim}[variant]
-
-
-def split_q_proj(packed: torch.Tensor, kv_heads: int, group_q_rows: int, part: int) -> torch.Tensor:
-    """Release `q_proj` rows `packed: [K * (G*D + G*W), ...]` -> the queries `[H*D, ...]` (`part=0`) or the gates
-    `[H*W, ...]` (`part=1`); only that part is copied."""
-    grouped = packed.view(kv_heads, -1, *packed.shape[1:])
-    rows = slice(None, group_q_rows) if part == 0 else slice(group_q_rows, None)
-    return grouped[:, rows].reshape(-1, *packed.shape[1:])
-
-
-def pack_q_proj(queries: torch.Tensor, gates: torch.Tensor, kv_heads: int) -> torch.Tensor:
-    """The inverse of `split_q_proj`: `queries [H*D, ...]`, `gates [H*W, ...]` -> `[K * (G*D + G*W), ...]`."""
-    rest = queries.shape[1:]
-    return torch.cat([queries.view(kv_heads, -1, *rest), gates.view(kv_heads, -1, *rest)], dim=1).reshape(-1, *rest)
 
 
 def release_tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
@@ -79,29 +49,19 @@ def release_tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     from transformers import Qwen3Config, Qwen3ForCausalLM
     from transformers.modeling_utils import remove_tied_weights_from_state_dict
 
-    fields = {k: config.get(k, default) for k, default in RELEASE_DEFAULTS.items()}
-    bias = bool(config["qkv_bias"] if "qkv_bias" in config else config.get("attention_bias", False))
+    fields = release_config_fields(config)
     shapes = {k: fields[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                                      "num_attention_heads", "num_key_value_heads", "head_dim", "tie_word_embeddings")}
     with torch.device("meta"):
-        model = Qwen3ForCausalLM(Qwen3Config(**shapes, attention_bias=bias))
+        model = Qwen3ForCausalLM(Qwen3Config(**shapes, attention_bias=fields["attention_bias"]))
     state = remove_tied_weights_from_state_dict(model.state_dict(), model)
     out = {name: tuple(tensor.shape) for name, tensor in state.items()
            if fields["use_qk_norm"] or not name.endswith(("q_norm.weight", "k_norm.weight"))}
-    rows = q_rows(fields["num_attention_heads"], fields["head_dim"], release_variant(config))
+    rows = release_q_rows(fields["num_attention_heads"], fields["head_dim"], release_variant(config))
     for name in out:
         if name.endswith("self_attn.q_proj.weight") or name.endswith("self_attn.q_proj.bias"):
             out[name] = (rows, *out[name][1:])
     return out
-
-
-def _check_sliding(config: dict) -> None:
-    if config.get("use_sliding_window", False):
-        raise ConversionError(
-            "the release config has use_sliding_window=true; the official code applies the window only with "
-            "flash-attention 2 and ignores it otherwise, so which model it describes depends on the backend. "
-            "Set use_sliding_window to false in config.json if the model was trained without it."
-        )
 
 
 def plan_release_to_gated(ckpt: Checkpoint) -> tuple[GatedQwenConfig, dict[str, TensorPlan]]:
@@ -110,48 +70,29 @@ def plan_release_to_gated(ckpt: Checkpoint) -> tuple[GatedQwenConfig, dict[str, 
         raise ConversionError(
             f"SRC has model_type={cfg.get('model_type')!r}; the paper's released checkpoints have model_type 'qwen3'."
         )
-    _check_sliding(cfg)
-    fields = {k: cfg.get(k, default) for k, default in RELEASE_DEFAULTS.items()}
+    config = GatedQwenConfig(**release_config_fields(cfg))
+    config.dtype = source_dtype(cfg)
     variant = release_variant(cfg)
-    heads, kv_heads, head_dim = fields["num_attention_heads"], fields["num_key_value_heads"], fields["head_dim"]
-    if heads % kv_heads:
-        raise ConversionError(f"num_key_value_heads={kv_heads} does not divide num_attention_heads={heads}.")
-    bias = bool(cfg["qkv_bias"] if "qkv_bias" in cfg else cfg.get("attention_bias", False))
-    bias_key = "qkv_bias" if "qkv_bias" in cfg else "attention_bias"
+    heads, kv_heads, head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    bias, bias_key = config.attention_bias, "qkv_bias" if "qkv_bias" in cfg else "attention_bias"
 
-    expected = q_rows(heads, head_dim, variant)
-    for layer in range(fields["num_hidden_layers"]):
+    tmap = TensorMap(ckpt)
+    for layer in range(config.num_hidden_layers):  # the tensors agree with the config, before any is read
         prefix = f"model.layers.{layer}.self_attn."
-        rows = ckpt.tensors[prefix + "q_proj.weight"].shape[0] if prefix + "q_proj.weight" in ckpt.tensors else None
-        if rows != expected:
-            seen = {q_rows(heads, head_dim, v): v for v in ("baseline", "headwise", "elementwise")}.get(rows)
-            raise ConversionError(
-                f"config.json describes the {variant} variant (headwise_attn_output_gate="
-                f"{cfg.get('headwise_attn_output_gate', False)}, elementwise_attn_output_gate="
-                f"{cfg.get('elementwise_attn_output_gate', False)}), whose q_proj has {expected} rows "
-                f"(H={heads}, D={head_dim}), but {prefix}q_proj.weight has {rows} rows"
-                + (f", the {seen} layout." if seen else ", which is no release layout.")
-            )
-        if (prefix + "q_proj.bias" in ckpt.tensors) != bias:
+        rows = tmap.info(prefix + "q_proj.weight").shape[0]
+        if rows != release_q_rows(heads, head_dim, variant):
+            raise release_q_rows_error(prefix + "q_proj.weight", rows, heads, head_dim, variant)
+        if tmap.has(prefix + "q_proj.bias") != bias:
             raise ConversionError(
                 f"config.json says {bias_key}={bias}, but {prefix}q_proj.bias is "
                 f"{'absent from' if bias else 'present in'} the weights."
             )
-        if (prefix + "q_norm.weight" in ckpt.tensors) != fields["use_qk_norm"]:
+        if tmap.has(prefix + "q_norm.weight") != config.use_qk_norm:
             raise ConversionError(
-                f"config.json says use_qk_norm={fields['use_qk_norm']} (the official default is true), but "
-                f"{prefix}q_norm.weight is {'absent from' if fields['use_qk_norm'] else 'present in'} the weights."
+                f"config.json says use_qk_norm={config.use_qk_norm} (the official default is true), but "
+                f"{prefix}q_norm.weight is {'absent from' if config.use_qk_norm else 'present in'} the weights."
             )
 
-    gate = (dict(gate_position=None) if variant == "baseline"
-            else dict(gate_position="sdpa", gate_granularity=variant, gate_bias=bias))
-    config = GatedQwenConfig(
-        **{k: fields[k] for k in QWEN3_FIELDS if k in fields}, rope_theta=fields["rope_theta"],
-        rope_scaling=fields["rope_scaling"], attention_bias=bias, use_qk_norm=fields["use_qk_norm"], **gate,
-    )
-    config.dtype = source_dtype(cfg)
-
-    tmap = TensorMap(ckpt)
     if variant != "baseline":
         group_q_rows = heads // kv_heads * head_dim
         for layer in range(config.num_hidden_layers):
@@ -164,8 +105,8 @@ def plan_release_to_gated(ckpt: Checkpoint) -> tuple[GatedQwenConfig, dict[str, 
                 for part, out in ((0, "q_proj"), (1, "g_proj")):
                     rows = heads * head_dim if part == 0 else info.shape[0] - heads * head_dim
                     tmap.put(prefix + f"{out}.{kind}", TensorPlan(
-                        (rows, *rest), info.dtype,
-                        lambda name=name, part=part: split_q_proj(ckpt.get(name), kv_heads, group_q_rows, part)))
+                        (rows, *rest), info.dtype, lambda name=name, part=part: split_release_q_proj(
+                            ckpt.get(name), kv_heads, group_q_rows, part)))
     copy_rest(tmap, config)
     return config, tmap.finish()
 
@@ -199,12 +140,12 @@ def plan_gated_to_release(ckpt: Checkpoint) -> tuple[dict, dict[str, TensorPlan]
         q_w = tmap.take(prefix + "q_proj.weight")
         tmap.put(prefix + "q_proj.weight", TensorPlan(
             (q_w.shape[0] + gate_w.shape[0], q_w.shape[1]), q_w.dtype,
-            lambda q_w=q_w, gate_w=gate_w: pack_q_proj(q_w.make(), gate_w.make().to(q_w.dtype), kv_heads)))
+            lambda q_w=q_w, gate_w=gate_w: pack_release_q_proj(q_w.make(), gate_w.make().to(q_w.dtype), kv_heads)))
         if bias:
             q_b = tmap.take(prefix + "q_proj.bias") if config.attention_bias else zeros((heads * head_dim,), q_w.dtype)
             tmap.put(prefix + "q_proj.bias", TensorPlan(
                 (q_b.shape[0] + gate_b.shape[0],), q_b.dtype,
-                lambda q_b=q_b, gate_b=gate_b: pack_q_proj(q_b.make(), gate_b.make().to(q_b.dtype), kv_heads)))
+                lambda q_b=q_b, gate_b=gate_b: pack_release_q_proj(q_b.make(), gate_b.make().to(q_b.dtype), kv_heads)))
     copy_rest(tmap, config)
 
     rope = dict(config.rope_parameters)
