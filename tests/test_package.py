@@ -27,6 +27,10 @@ CASES = {
     "modeling-module-directly": "from gated_qwen.modeling_gated import GatedQwenForCausalLM\n",
     "configuration-module-directly": "import gated_qwen.configuration_gated\n",
     "analysis-subpackage": "import gated_qwen.analysis.measure\n",
+    "gate-module-directly": "import gated_qwen.gating\n",
+    "checkpoint-formats-directly": "import gated_qwen.checkpoint_formats\n",
+    "conversion-subpackage": "from gated_qwen.conversion import convert\nimport gated_qwen.conversion.release\n",
+    "kernel-module-directly": "import gated_qwen.gated_triton_backend\n",
 }
 
 
@@ -54,3 +58,21 @@ def test_an_unknown_name_is_an_attribute_error():
     result = run("import gated_qwen\ntry:\n    gated_qwen.GatedQwenForPretraining\nexcept AttributeError as e:\n"
                  "    print(e)\n")
     assert "has no attribute 'GatedQwenForPretraining'" in result.stdout, result.stderr
+
+
+def test_the_command_converts_in_a_fresh_interpreter(tmp_path):
+    """`gated-qwen convert` as a user runs it: the command's own import order (the conversion package first, the
+    model later) must register and convert like an import of the package does."""
+    import torch
+    from helpers import TINY
+
+    from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
+
+    torch.manual_seed(0)
+    GatedQwenForCausalLM(GatedQwenConfig(**TINY)).save_pretrained(tmp_path / "gated")
+    for args in (["--to", "release"], ["--to", "qwen3_5"]):
+        out = tmp_path / args[1]
+        result = subprocess.run([sys.executable, "-m", "gated_qwen.cli", "convert", str(tmp_path / "gated"), str(out),
+                                 *args], capture_output=True, text=True, timeout=300, check=False)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert (out / "config.json").is_file() and "verified" in result.stderr

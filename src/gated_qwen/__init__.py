@@ -27,9 +27,9 @@ _EXPORTS = {
 }
 __all__ = [*_EXPORTS, "register"]
 
-# The modules `register` imports; it can run only while none of them is half-way through its own import.
-_NEEDED = {f"{__name__}.{module}" for module in ("configuration_gated", "modeling_gated", "hub", "peft_defaults")}
-_importing: set[str] = set()  # modules of this package whose code is running right now
+# Modules of this package whose code is running right now. `register` imports the model's modules, which import
+# most of the package, so it runs only when none is half-way through its own import (the last one to finish runs it).
+_importing: set[str] = set()
 _registered = False
 
 
@@ -69,7 +69,7 @@ def register() -> None:
 
 
 def _register_when_possible(finished: str | None = None) -> None:
-    if not _registered and "transformers" in sys.modules and not (_importing - {finished}) & _NEEDED:
+    if not _registered and "transformers" in sys.modules and not _importing - {finished}:
         register()
 
 
