@@ -207,6 +207,23 @@ def test_a_mixture_of_experts_saved_as_gated_qwen_loads_as_one(tmp_path):
         GatedQwenMoeForCausalLM.from_pretrained(LEGACY.parent / "g1-elementwise")
 
 
+def test_a_mixture_of_experts_saved_as_gated_qwen_converts_as_one(tmp_path):
+    """`--to qwen3_next` exports such a folder (verified against its logits by the converter, and here against the
+    logits saved with it); the dense-only exports refuse it with the reason."""
+    from gated_qwen.conversion import convert
+
+    convert(LEGACY, tmp_path / "next", to_format="qwen3_next", verify=True)
+    reference = load_file(LEGACY / "reference_logits.safetensors")
+    stock = Qwen3NextForCausalLM.from_pretrained(tmp_path / "next").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(stock(reference["input_ids"]).logits, reference["logits"], rtol=1e-5, atol=1e-5)
+    for target in ("qwen3_5", "release"):
+        with pytest.raises(ConversionError, match=r"SRC is a mixture-of-experts GatedQwen \(num_experts=4\); this "
+                                                  "converter handles dense models only"):
+            convert(LEGACY, tmp_path / target, to_format=target)
+        assert not (tmp_path / target).exists()
+
+
 # ---------------------------------------------------------------------------------------- the paper's 15A2B
 def test_paper_moe_preset_parameter_counts():
     """Active parameters per token = embeddings + lm_head + L * (attention [+ gate] + router + k experts), i.e.

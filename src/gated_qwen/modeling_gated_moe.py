@@ -18,6 +18,7 @@ from torch import nn
 from transformers import initialization as init
 from transformers.cache_utils import Cache
 from transformers.conversion_mapping import get_checkpoint_conversion_mapping, register_checkpoint_conversion_mapping
+from transformers.generation import GenerationMixin
 from transformers.integrations import use_experts_implementation
 from transformers.modeling_layers import (
     GenericForQuestionAnswering,
@@ -42,7 +43,6 @@ from .configuration_gated import GatedQwenMoeConfig
 from .modeling_gated import (
     GATE_RENAMINGS,
     GatedQwenDecoderLayer,
-    GatedQwenForCausalLM,
     GatedQwenModel,
     GatedQwenPreTrainedModel,
 )
@@ -144,7 +144,7 @@ class GatedQwenMoePreTrainedModel(GatedQwenPreTrainedModel):
     @classmethod
     def _can_set_experts_implementation(cls) -> bool:
         # Transformers answers this from the class's source file (this one applies `use_experts_implementation`) and
-        # caches the answer on the class it asks about; the model classes here subclass dense ones, which would
+        # caches the answer on the class it asks about; GatedQwenMoeModel subclasses GatedQwenModel, which would
         # otherwise pass on a cached "no".
         return True
 
@@ -183,9 +183,14 @@ class GatedQwenMoeModel(GatedQwenMoePreTrainedModel, GatedQwenModel):
                                cache=cache, inputs_embeds=inputs_embeds, use_cache=use_cache, **kwargs)
 
 
-class GatedQwenMoeForCausalLM(GatedQwenMoePreTrainedModel, GatedQwenForCausalLM):
+class GatedQwenMoeForCausalLM(GatedQwenMoePreTrainedModel, GenerationMixin):
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    _tp_plan = {"lm_head": "colwise_gather_output"}
+    _pp_plan = {"lm_head": (["hidden_states"], ["logits"])}
+    _fsdp_plan = {"lm_head": "keep_full_weight"}
+
     def __init__(self, config: GatedQwenMoeConfig):
-        GatedQwenMoePreTrainedModel.__init__(self, config)
+        super().__init__(config)
         self.model = GatedQwenMoeModel(config)
         self.vocab_size = config.vocab_size
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
