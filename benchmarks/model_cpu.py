@@ -17,7 +17,7 @@ shared machine barely change (the elapsed time does, by tens of percent); `--clo
     .venv/bin/python benchmarks/model_cpu.py --quick       # seconds-long smoke run with tiny sizes
     .venv/bin/python benchmarks/model_cpu.py --pairs G1,G2 # only the pairs whose name contains "G1" or "G2"
 
-To add a pair (e.g. GatedQwen-MoE vs Qwen3MoeForCausalLM), append a `Pair` to `PAIRS`: two builders that take the
+To add a pair (e.g. another GatedQwen-MoE variant vs Qwen3MoeForCausalLM), append a `Pair` to `PAIRS`: two builders that take the
 sizes (`argparse.Namespace`) and return a model, and, if the two compute the same function, a `map_weights` that turns
 the anchor's state dict into B's. A model whose FLOPs are not those of its `nn.Linear` layers (experts stored as 3-D
 parameters, top-k routing) also gives its own `flops_per_token`.
@@ -47,7 +47,7 @@ from transformers import (
     Qwen3NextForCausalLM,
 )
 
-from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
+from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, GatedQwenMoeConfig, GatedQwenMoeForCausalLM
 
 PAD, EOS = 0, 1
 EQUALITY_RTOL, EQUALITY_ATOL = 1e-4, 1e-5  # float32, a few layers: the same function up to summation order
@@ -92,7 +92,7 @@ def gated(**gate_fields) -> Callable[[argparse.Namespace], nn.Module]:
 
 
 def moe_fields(s: argparse.Namespace) -> dict:
-    """The mixture-of-experts fields of the MoE pairs (Qwen3-MoE's names, shared by all three config classes)."""
+    """The mixture-of-experts fields of the MoE pairs (Qwen3-MoE's names, shared by the three MoE config classes)."""
     return {"num_experts": s.experts, "num_experts_per_tok": s.experts_per_tok,
             "moe_intermediate_size": s.moe_intermediate, "norm_topk_prob": True}
 
@@ -112,9 +112,9 @@ def qwen3_next(s: argparse.Namespace) -> nn.Module:
 
 
 def gated_moe(**fields) -> Callable[[argparse.Namespace], nn.Module]:
-    """A builder of a mixture-of-experts GatedQwenForCausalLM with the given gate / shared-expert fields."""
+    """A builder of GatedQwenMoeForCausalLM with the given gate / shared-expert fields."""
     def builder(s: argparse.Namespace) -> nn.Module:
-        return build(GatedQwenForCausalLM, GatedQwenConfig(**shared_fields(s), **moe_fields(s), **fields))
+        return build(GatedQwenMoeForCausalLM, GatedQwenMoeConfig(**shared_fields(s), **moe_fields(s), **fields))
     return builder
 
 

@@ -1,5 +1,6 @@
 """`GatedQwenForCausalLM.from_pretrained` on folders of other formats, with no convert step (checkpoint_formats.py):
-the paper's release, stock Qwen3 / Qwen3-MoE (with or without an added gate), Qwen3.5 text. Each is held against an
+the paper's release, stock Qwen3 / Qwen3-MoE (with or without an added gate; a mixture of experts through
+`GatedQwenMoeForCausalLM`), Qwen3.5 text. Each is held against an
 independent reference: the release folder's logits from the official computation written out per head
 (`test_conversion.release_forward`), the stock Transformers model with the same weights, and what `gated-qwen
 convert` writes for the same folder, tensor for tensor."""
@@ -26,7 +27,7 @@ from transformers import (
     Qwen3NextForCausalLM,
 )
 
-from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, GatedQwenModel
+from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, GatedQwenModel, GatedQwenMoeForCausalLM
 from gated_qwen.checkpoint_formats import CheckpointFormatError
 from gated_qwen.conversion import convert
 
@@ -56,8 +57,8 @@ def shard(folder: Path, pieces: int = 3) -> None:
                                                                      "weight_map": weight_map}))
 
 
-def load(folder: Path, **kwargs) -> GatedQwenForCausalLM:
-    model, info = GatedQwenForCausalLM.from_pretrained(folder, output_loading_info=True, **kwargs)
+def load(folder: Path, causal_lm: type = GatedQwenForCausalLM, **kwargs) -> GatedQwenForCausalLM:
+    model, info = causal_lm.from_pretrained(folder, output_loading_info=True, **kwargs)
     assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
     return model.eval()
 
@@ -199,9 +200,11 @@ def test_stock_qwen3_moe_folder_loads_with_its_experts(tmp_path):
     stock = randomize_(Qwen3MoeForCausalLM(Qwen3MoeConfig(**sizes(TINY, num_experts=4, num_experts_per_tok=2,
                                                                   moe_intermediate_size=16))), seed=6).eval()
     stock.save_pretrained(tmp_path / "moe")
-    model = load(tmp_path / "moe", gate_position="sdpa")
+    model = load(tmp_path / "moe", GatedQwenMoeForCausalLM, gate_position="sdpa")
     assert model.config.num_experts == 4 and model.config.gate_position == "sdpa"
     torch.testing.assert_close(logits(model), logits(stock), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="holds a mixture of experts.*GatedQwenMoeForCausalLM"):
+        GatedQwenForCausalLM.from_pretrained(tmp_path / "moe")  # the dense class: never a dense model
 
 
 # -------------------------------------------------------------------------------------------------- Qwen3.5
@@ -246,6 +249,7 @@ STOCK_FOLDERS = {  # name: (stock model, `--from` format, gate fields to add)
         **sizes(TINY, layer_types=["full_attention"] * 2), shared_expert_intermediate_size=24,
         rope_parameters=FULL_ROPE, **MOE)), "qwen3_next", None),
 }
+MOE_FOLDERS = ("qwen3_moe", "qwen3_moe + headwise", "qwen3_next moe")  # read by GatedQwenMoeForCausalLM
 
 
 @pytest.mark.parametrize("name", list(STOCK_FOLDERS))
@@ -257,12 +261,14 @@ def test_converter_and_from_pretrained_read_a_folder_alike(tmp_path, name):
     stock = randomize_(make(), seed=8, norm_center=0.0 if fmt in ("qwen3_5", "qwen3_next") else 1.0).eval()
     stock.save_pretrained(tmp_path / "stock")
     convert(tmp_path / "stock", tmp_path / "converted", from_format=fmt, add_gate=gate, verify=False)
-    model = load(tmp_path / "stock", **(gate or {}))
+    model = load(tmp_path / "stock", GatedQwenMoeForCausalLM if name in MOE_FOLDERS else GatedQwenForCausalLM,
+                 **(gate or {}))
     torch.testing.assert_close(logits(model), logits(stock), rtol=1e-5, atol=1e-5)
     model.save_pretrained(tmp_path / "saved")
     assert_same_tensors(tmp_path / "saved", tmp_path / "converted")
     configs = [json.loads((tmp_path / folder / "config.json").read_text()) for folder in ("saved", "converted")]
     assert configs[0] == configs[1]
+    assert configs[0]["model_type"] == ("gated_qwen_moe" if name in MOE_FOLDERS else "gated_qwen")
 
 
 # ------------------------------------------------------------------------------------------------------ errors

@@ -102,6 +102,22 @@ def test_card_names_the_gate_variant_without_optional_metadata(tmp_path, gate, s
     assert card.data.license is None and card.data.base_model is None and "model-index" not in card.content
 
 
+def test_card_of_a_mixture_of_experts_states_its_experts(tmp_path):
+    from helpers import TINY_MOE
+
+    from gated_qwen import GatedQwenMoeConfig, GatedQwenMoeForCausalLM
+
+    torch.manual_seed(0)
+    config = GatedQwenMoeConfig(**TINY, **TINY_MOE, mlp_only_layers=[0], shared_expert_intermediate_size=24)
+    GatedQwenMoeForCausalLM(config).save_pretrained(tmp_path)
+    assert cli(["card", str(tmp_path), "--repo-id", "me/tiny-moe"]) == 0
+    body = ModelCard.load(tmp_path / "README.md").text
+    gate = TINY["hidden_size"] * TINY["num_attention_heads"] * TINY["head_dim"] * TINY["num_hidden_layers"]
+    assert f"{weights_in(tmp_path):,} (gate: {gate:,})" in body  # the experts counted, as stored one by one
+    assert "| experts | 8 of width 32, top-2 per token, in layers [1], with a shared expert of width 24 |" in body
+    assert "mixture of experts" in body and 'model_type="gated_qwen_moe"' in body and "modeling_gated_moe.py" in body
+
+
 def test_card_refuses_to_overwrite_and_replaces_with_overwrite(tmp_path, capsys):
     saved_model(tmp_path)
     (tmp_path / "README.md").write_text("my own card\n")

@@ -1,6 +1,7 @@
 """The core model against independent references: stock Qwen3 / Llama / Qwen3.5 with the same weights, and the
 paper's formula for every gate variant written out here in plain PyTorch."""
 
+import json
 import math
 import re
 from pathlib import Path
@@ -31,6 +32,8 @@ from gated_qwen import (
     GatedQwenForSequenceClassification,
     GatedQwenForTokenClassification,
     GatedQwenModel,
+    GatedQwenMoeConfig,
+    GatedQwenMoeForCausalLM,
 )
 
 VOCAB = SMALL["vocab_size"]
@@ -522,8 +525,10 @@ def plan_rule_matches(model, rule: str) -> bool:
     dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=24),
 ], ids=[*VARIANTS, "no-qk-norm", "shared-constant", "moe", "moe-and-dense", "moe-shared-expert"])
 def test_every_tensor_parallel_rule_names_a_module_or_parameter(fields):
+    moe = "num_experts" in fields
     with torch.device("meta"):
-        model = GatedQwenForCausalLM(GatedQwenConfig(**tiny(**fields)))
+        model = (GatedQwenMoeForCausalLM if moe else GatedQwenForCausalLM)(
+            (GatedQwenMoeConfig if moe else GatedQwenConfig)(**tiny(**fields)))
     plan = model.config.base_model_tp_plan
     unmatched = [rule for rule in plan if not plan_rule_matches(model, rule)]
     assert not unmatched, unmatched
@@ -533,7 +538,7 @@ def test_every_tensor_parallel_rule_names_a_module_or_parameter(fields):
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Linear) and ".layers.0." in name and not name.endswith(replicated):
             assert re.sub(r"^model\.layers\.0\.", "layers.*.", name) in plan, name
-    assert (model.config.base_model_ep_plan is None) == (not model.config.num_experts)
+    assert (model.config.base_model_ep_plan is None) == (not moe)
 
 
 # ------------------------------------------------------------------------ folders saved by earlier versions
@@ -546,7 +551,9 @@ def test_folders_saved_by_earlier_main_load_with_the_same_logits(variant, tmp_pa
     `self_attn.gate_logits`, `self_attn.sdpa_norm.*`, experts one by one) with the logits that code computed:
     they load with no missing or unexpected tensor, give those logits, and save again under the same names."""
     folder = SAVED_BY_MAIN / variant
-    model, info = GatedQwenForCausalLM.from_pretrained(folder, output_loading_info=True)
+    causal_lm = GatedQwenMoeForCausalLM if json.loads((folder / "config.json").read_text()).get("num_experts") \
+        else GatedQwenForCausalLM  # a mixture of experts, saved when it was model_type "gated_qwen" too
+    model, info = causal_lm.from_pretrained(folder, output_loading_info=True)
     assert not any(info.values()), info
     reference = load_file(folder / "reference_logits.safetensors")
     with torch.no_grad():

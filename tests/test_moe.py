@@ -1,14 +1,22 @@
-"""The mixture-of-experts GatedQwen against independent references: stock Qwen3-MoE and Qwen3-Next with the same
-weights, and the G1 gate plus top-k routing written out here in plain PyTorch."""
+"""The mixture-of-experts GatedQwen (GatedQwenMoeConfig / GatedQwenMoeForCausalLM) against independent references:
+stock Qwen3-MoE and Qwen3-Next with the same weights, and the G1 gate plus top-k routing written out here in plain
+PyTorch; and its separation from the dense model (no experts machinery on a dense GatedQwen, folders saved before
+the two model types were separate)."""
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 from helpers import SMALL, TINY_MOE, randomize_, sizes
+from safetensors.torch import load_file
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
     Qwen3MoeConfig,
     Qwen3MoeForCausalLM,
     Qwen3NextConfig,
@@ -18,11 +26,11 @@ from transformers import (
 )
 from transformers.models.switch_transformers.modeling_switch_transformers import router_z_loss_func as switch_z_loss
 
-from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
+from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, GatedQwenMoeConfig, GatedQwenMoeForCausalLM
 from gated_qwen.cli import main as cli
 from gated_qwen.configuration_gated import CONFIG_ERRORS
 from gated_qwen.conversion import ConversionError
-from gated_qwen.modeling_gated import GatedQwenSparseMoeBlock, router_z_loss_func
+from gated_qwen.modeling_gated_moe import GatedQwenMoeSparseMoeBlock, router_z_loss_func
 
 VOCAB = 97  # the load-balancing test's starting router is tuned on this vocabulary
 
@@ -31,9 +39,9 @@ def tiny(**overrides) -> dict:
     return sizes({**SMALL, **TINY_MOE, "vocab_size": VOCAB}, **overrides)
 
 
-def gated(seed=0, **overrides) -> GatedQwenForCausalLM:
+def gated(seed=0, **overrides) -> GatedQwenMoeForCausalLM:
     torch.manual_seed(seed)
-    return randomize_(GatedQwenForCausalLM(GatedQwenConfig(**tiny(**overrides))), seed).eval()
+    return randomize_(GatedQwenMoeForCausalLM(GatedQwenMoeConfig(**tiny(**overrides))), seed).eval()
 
 
 def ids(batch=2, length=12, seed=1) -> torch.Tensor:
@@ -48,37 +56,66 @@ def left_padding_mask(batch=2, length=12) -> torch.Tensor:
 
 # ------------------------------------------------------------------------------------------ the configuration
 def test_dense_default_is_unchanged():
+    """The dense config has no mixture-of-experts field; the fields at their dense values (as folders saved before
+    GatedQwenMoeConfig existed hold them) are accepted and dropped, and give no sparse block."""
     config = GatedQwenConfig()
-    assert config.num_experts == 0 and config.sparse_layers == []
+    assert not hasattr(config, "num_experts") and not hasattr(config, "sparse_layers")
     model = GatedQwenForCausalLM(GatedQwenConfig(**tiny(num_experts=0, num_experts_per_tok=8,
                                                         moe_intermediate_size=768)))
-    assert not any(isinstance(m, GatedQwenSparseMoeBlock) for m in model.modules())
+    assert not hasattr(model.config, "num_experts")
+    assert not any(isinstance(m, GatedQwenMoeSparseMoeBlock) for m in model.modules())
 
 
 @pytest.mark.parametrize(
-    "fields, message",
+    "config_class, fields, message",
     [
-        (dict(num_experts=-1), "`num_experts` must be 0 (a dense model) or a positive integer, got -1"),
-        (dict(num_experts=4, num_experts_per_tok=5), "`num_experts_per_tok` (5) must be at most `num_experts` (4)"),
-        (dict(num_experts=0, moe_intermediate_size=768), "`num_experts_per_tok`=2 has no effect with `num_experts`=0"),
-        (dict(num_experts=0, num_experts_per_tok=8, moe_intermediate_size=768, shared_expert_intermediate_size=8),
+        (GatedQwenMoeConfig, dict(num_experts=-1),
+         "`num_experts` must be a positive integer (a GatedQwenMoeConfig has experts; a dense model is a "
+         "GatedQwenConfig), got -1"),
+        (GatedQwenMoeConfig, dict(num_experts=0), "`num_experts` must be a positive integer"),
+        (GatedQwenMoeConfig, dict(num_experts=4, num_experts_per_tok=5),
+         "`num_experts_per_tok` (5) must be at most `num_experts` (4)"),
+        (GatedQwenConfig, dict(num_experts=0, moe_intermediate_size=768),
+         "`num_experts_per_tok`=2 has no effect with `num_experts`=0"),
+        (GatedQwenConfig, dict(num_experts=0, num_experts_per_tok=8, moe_intermediate_size=768,
+                               shared_expert_intermediate_size=8),
          "`shared_expert_intermediate_size`=8 has no effect with `num_experts`=0"),
-        (dict(mlp_only_layers=[2]), "`mlp_only_layers` must hold distinct indices in [0, 2)"),
-        (dict(mlp_only_layers=[0, 1]), "no layer is sparse"),
-        (dict(decoder_sparse_step=0), "`decoder_sparse_step` must be a positive integer, got 0"),
-        (dict(router_z_loss_coef=-0.1), "`router_z_loss_coef` must be a number >= 0, got -0.1"),
-        (dict(norm_topk_prob="yes"), "Field 'norm_topk_prob' expected bool, got str (value: 'yes')"),
-        (dict(shared_expert_intermediate_size=-2), "`shared_expert_intermediate_size` must be 0 (no shared expert)"),
+        (GatedQwenConfig, dict(), "`num_experts`=8 asks for a mixture of experts, which GatedQwenConfig (the dense "
+                                  "model, model_type 'gated_qwen') does not have; use GatedQwenMoeConfig"),
+        (GatedQwenMoeConfig, dict(mlp_only_layers=[2]), "`mlp_only_layers` must hold distinct indices in [0, 2)"),
+        (GatedQwenMoeConfig, dict(mlp_only_layers=[0, 1]), "no layer is sparse"),
+        (GatedQwenMoeConfig, dict(decoder_sparse_step=0), "`decoder_sparse_step` must be a positive integer, got 0"),
+        (GatedQwenMoeConfig, dict(router_z_loss_coef=-0.1), "`router_z_loss_coef` must be a number >= 0, got -0.1"),
+        (GatedQwenMoeConfig, dict(norm_topk_prob="yes"), "Field 'norm_topk_prob' expected bool, got str (value: 'yes')"),
+        (GatedQwenMoeConfig, dict(shared_expert_intermediate_size=-2),
+         "`shared_expert_intermediate_size` must be 0 (no shared expert)"),
     ],
 )
-def test_bad_moe_fields_are_refused_with_the_reason(fields, message):
+def test_bad_moe_fields_are_refused_with_the_reason(config_class, fields, message):
     with pytest.raises(CONFIG_ERRORS) as error:
-        GatedQwenConfig(**tiny(**fields))
+        config_class(**tiny(**fields))
     assert message in str(error.value)
 
 
+def test_assignment_after_construction_is_checked():
+    """As for the gate fields (test_config.py): a bad mixture-of-experts value set on a built config is refused,
+    naming the field; on a dense config, setting experts is refused, naming the mixture-of-experts class."""
+    config = GatedQwenMoeConfig(**tiny())
+    for field, value, allowed in (("num_experts", -1, "positive integer"), ("decoder_sparse_step", 0, "positive"),
+                                  ("router_aux_loss_coef", -1.0, ">= 0")):
+        before = getattr(config, field)
+        with pytest.raises(CONFIG_ERRORS) as error:
+            setattr(config, field, value)
+        assert field in str(error.value) and allowed in str(error.value), str(error.value)
+        assert getattr(config, field) == before
+    dense = GatedQwenConfig(**sizes(SMALL))
+    with pytest.raises(CONFIG_ERRORS, match="`num_experts`=4 asks for a mixture of experts.*GatedQwenMoeConfig"):
+        dense.num_experts = 4
+    assert not hasattr(dense, "num_experts")
+
+
 def test_sparse_layers_follow_qwen3_moe():
-    config = GatedQwenConfig(**tiny(num_hidden_layers=6, decoder_sparse_step=2, mlp_only_layers=[3]))
+    config = GatedQwenMoeConfig(**tiny(num_hidden_layers=6, decoder_sparse_step=2, mlp_only_layers=[3]))
     stock = Qwen3MoeConfig(**tiny(num_hidden_layers=6, decoder_sparse_step=2, mlp_only_layers=[3]))
     stock_model = Qwen3MoeForCausalLM(stock)
     expected = [i for i, layer in enumerate(stock_model.model.layers) if hasattr(layer.mlp, "experts")]
@@ -89,14 +126,102 @@ def test_parallel_plans_are_qwen3_moe_and_qwen3_next_plans():
     """Qwen3-MoE's rules (Qwen3-Next's for the shared expert) wherever the config has those parameters, and no
     expert rule on a dense config."""
     moe, nxt = Qwen3MoeConfig.base_model_tp_plan, Qwen3NextConfig.base_model_tp_plan
-    ours = GatedQwenConfig(**tiny(shared_expert_intermediate_size=24, mlp_only_layers=[0])).base_model_tp_plan
+    ours = GatedQwenMoeConfig(**tiny(shared_expert_intermediate_size=24, mlp_only_layers=[0])).base_model_tp_plan
     for key in moe:
         assert ours[key] == moe[key], key
     for key in (k for k in nxt if "shared_expert" in k):
         assert ours[key] == nxt[key], key
-    assert GatedQwenConfig(**tiny()).base_model_ep_plan == Qwen3MoeConfig.base_model_ep_plan
+    assert GatedQwenMoeConfig(**tiny()).base_model_ep_plan == Qwen3MoeConfig.base_model_ep_plan
     dense = GatedQwenConfig(**sizes(SMALL))
     assert not any("expert" in rule for rule in dense.base_model_tp_plan) and dense.base_model_ep_plan is None
+
+
+# ------------------------------------------------------------------------ dense and MoE: separate model types
+def test_only_the_moe_classes_have_experts_machinery():
+    """What Transformers reads to treat a class as a mixture of experts: the experts decorator in the class's
+    source file, `router_logits` in its outputs, the expert key mapping. The dense classes have none of them."""
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+
+    from gated_qwen.modeling_gated import GatedQwenCausalLMOutputWithPast, GatedQwenModelOutputWithPast
+
+    assert not GatedQwenForCausalLM._can_set_experts_implementation()
+    assert GatedQwenMoeForCausalLM._can_set_experts_implementation()
+    for output in (GatedQwenModelOutputWithPast, GatedQwenCausalLMOutputWithPast):
+        assert not {"router_logits", "aux_loss"} & set(output.__dataclass_fields__), output
+        assert "gate_logits" in output.__dataclass_fields__
+    assert "router_logits" in GatedQwenMoeForCausalLM.forward.__annotations__["return"].__dataclass_fields__
+    assert "output_router_logits" not in GatedQwenConfig().to_dict()
+    dense_sources = [str(t.source_patterns) for t in get_checkpoint_conversion_mapping("gated_qwen")]
+    moe_sources = [str(t.source_patterns) for t in get_checkpoint_conversion_mapping("gated_qwen_moe")]
+    assert not any("experts" in p for p in dense_sources) and any("experts" in p for p in moe_sources)
+    assert set(dense_sources) < set(moe_sources)  # the gate renamings and format readers: in both
+    # what a model built from each config is given, whichever kind is built first: Qwen3's and Qwen3-MoE's
+    dense = GatedQwenForCausalLM(GatedQwenConfig(**sizes(SMALL))).config._experts_implementation
+    moe = GatedQwenMoeForCausalLM(GatedQwenMoeConfig(**tiny())).config._experts_implementation
+    assert dense == Qwen3ForCausalLM(Qwen3Config(**sizes(SMALL))).config._experts_implementation == "eager"
+    assert moe == Qwen3MoeForCausalLM(Qwen3MoeConfig(**tiny())).config._experts_implementation == "grouped_mm"
+
+
+def test_the_classes_refuse_a_config_of_the_other_model_type():
+    with pytest.raises(ValueError, match="GatedQwenForCausalLM builds model_type 'gated_qwen'.*use "
+                                         "GatedQwenMoeForCausalLM"):
+        GatedQwenForCausalLM(GatedQwenMoeConfig(**tiny()))
+    with pytest.raises(ValueError, match="GatedQwenMoeForCausalLM builds model_type 'gated_qwen_moe'.*use "
+                                         "GatedQwenForCausalLM"):
+        GatedQwenMoeForCausalLM(GatedQwenConfig(**sizes(SMALL)))
+
+
+@pytest.mark.parametrize("name, config_class", [("dense-1.7b-28l", GatedQwenConfig),
+                                                ("dense-1.7b-48l", GatedQwenConfig),
+                                                ("moe-15a2b", GatedQwenMoeConfig)])
+def test_from_paper_returns_the_class_of_the_preset_whichever_class_it_is_called_on(name, config_class):
+    for caller in (GatedQwenConfig, GatedQwenMoeConfig):
+        config = caller.from_paper(name, gate_granularity="headwise")
+        assert type(config) is config_class and config.gate_granularity == "headwise"
+    assert (config_class is GatedQwenMoeConfig) == (GatedQwenConfig.from_paper(name).model_type == "gated_qwen_moe")
+
+
+LEGACY = Path(__file__).parent / "data" / "saved-by-main-f4c7585" / "moe-shared-expert"
+
+
+def test_a_mixture_of_experts_saved_as_gated_qwen_loads_as_one(tmp_path):
+    """A folder saved when mixtures of experts were model_type "gated_qwen" (`num_experts` > 0): the same logits
+    through `GatedQwenMoeForCausalLM` and the Auto classes, saved again as gated_qwen_moe with the MoE classes in its
+    auto_map; the dense class refuses it, naming the MoE class."""
+    assert json.loads((LEGACY / "config.json").read_text())["model_type"] == "gated_qwen"
+    reference = load_file(LEGACY / "reference_logits.safetensors")
+    for model in (GatedQwenMoeForCausalLM.from_pretrained(LEGACY), AutoModelForCausalLM.from_pretrained(LEGACY)):
+        assert type(model) is GatedQwenMoeForCausalLM
+        with torch.no_grad():
+            torch.testing.assert_close(model.eval()(reference["input_ids"]).logits, reference["logits"],
+                                       rtol=1e-5, atol=1e-5)
+    assert type(AutoConfig.from_pretrained(LEGACY)) is GatedQwenMoeConfig
+    model.save_pretrained(tmp_path / "saved")
+    saved = json.loads((tmp_path / "saved" / "config.json").read_text())
+    assert saved["model_type"] == "gated_qwen_moe"
+    assert saved["auto_map"]["AutoModelForCausalLM"] == "modeling_gated_moe.GatedQwenMoeForCausalLM"
+    assert saved["auto_map"]["AutoConfig"] == "configuration_gated.GatedQwenMoeConfig"
+    with pytest.raises(ValueError, match="holds a mixture of experts.*GatedQwenMoeForCausalLM"):
+        GatedQwenForCausalLM.from_pretrained(LEGACY)
+    with pytest.raises(ValueError, match="holds a dense model.*GatedQwenForCausalLM"):
+        GatedQwenMoeForCausalLM.from_pretrained(LEGACY.parent / "g1-elementwise")
+
+
+def test_a_mixture_of_experts_saved_as_gated_qwen_converts_as_one(tmp_path):
+    """`--to qwen3_next` exports such a folder (verified against its logits by the converter, and here against the
+    logits saved with it); the dense-only exports refuse it with the reason."""
+    from gated_qwen.conversion import convert
+
+    convert(LEGACY, tmp_path / "next", to_format="qwen3_next", verify=True)
+    reference = load_file(LEGACY / "reference_logits.safetensors")
+    stock = Qwen3NextForCausalLM.from_pretrained(tmp_path / "next").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(stock(reference["input_ids"]).logits, reference["logits"], rtol=1e-5, atol=1e-5)
+    for target in ("qwen3_5", "release"):
+        with pytest.raises(ConversionError, match=r"SRC is a mixture-of-experts GatedQwen \(num_experts=4\); this "
+                                                  "converter handles dense models only"):
+            convert(LEGACY, tmp_path / target, to_format=target)
+        assert not (tmp_path / target).exists()
 
 
 # ---------------------------------------------------------------------------------------- the paper's 15A2B
@@ -107,8 +232,8 @@ def test_paper_moe_preset_parameter_counts():
     I 768) this formula gives 1.99B active and 15.6B total (the same formula gives Qwen3-30B-A3B's published
     30.5B / 3.3B): the 2.54B cannot be reached from those sizes, so this test checks the formula's numbers."""
     with torch.device("meta"):
-        base = GatedQwenForCausalLM(GatedQwenConfig.from_paper("moe-15a2b", gate_position=None))
-        gated_model = GatedQwenForCausalLM(GatedQwenConfig.from_paper("moe-15a2b"))
+        base = GatedQwenMoeForCausalLM(GatedQwenMoeConfig.from_paper("moe-15a2b", gate_position=None))
+        gated_model = GatedQwenMoeForCausalLM(GatedQwenMoeConfig.from_paper("moe-15a2b"))
     c = base.config
     V, d, L, H, K, D, E, k, I = (  # noqa: E741 (the paper's symbols)
         c.vocab_size, c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
@@ -126,7 +251,7 @@ def test_paper_moe_preset_parameter_counts():
     added = sum(p.numel() for p in gated_model.parameters()) - total
     assert added == d * H * D * L == 201_326_592
     assert gated_model.config.moe_intermediate_size == I
-    headwise = GatedQwenConfig.from_paper("moe-15a2b", gate_granularity="headwise")
+    headwise = GatedQwenMoeConfig.from_paper("moe-15a2b", gate_granularity="headwise")
     assert headwise.gate_parameters_per_layer() * L == d * H * L  # 1.6M
 
 
@@ -183,7 +308,7 @@ def rope(x: torch.Tensor, theta: float) -> torch.Tensor:
 G1_ACTIVATIONS = {"sigmoid": torch.sigmoid, "silu": F.silu, "ns_sigmoid": lambda z: 0.5 + 0.5 * torch.sigmoid(z)}
 
 
-def reference_forward(model: GatedQwenForCausalLM, input_ids: torch.Tensor):
+def reference_forward(model: GatedQwenMoeForCausalLM, input_ids: torch.Tensor):
     """The paper's G1-gated decoder with top-k softmax-routed SwiGLU experts (+ sigmoid-gated shared expert),
     from the parameters by name: `input_ids: [B, S]` -> `(logits [B, S, V], router logits per sparse layer)`."""
     c, p = model.config, dict(model.named_parameters())
@@ -267,7 +392,7 @@ def test_g1_variants_match_the_formula(variant):
         assert torch.allclose(a, b, atol=1e-6)
 
 
-def to_qwen3_next_state_dict(model: GatedQwenForCausalLM) -> dict[str, torch.Tensor]:
+def to_qwen3_next_state_dict(model: GatedQwenMoeForCausalLM) -> dict[str, torch.Tensor]:
     """Qwen3-Next's layout of the same function: per-head `[q_h | gate_h]` rows in q_proj, norms stored as w - 1."""
     heads, out = model.config.num_attention_heads, {}
     state = model.state_dict()
@@ -314,7 +439,7 @@ def test_convert_from_stock_qwen3_moe(tmp_path, add_gate):
     stock.save_pretrained(tmp_path / "stock")  # Transformers writes the experts one tensor each, as on the Hub
     args = ["convert", str(tmp_path / "stock"), str(tmp_path / "gated"), "--from", "qwen3_moe", "--no-verify"]
     assert cli(args + (["--add-gate", add_gate] if add_gate else [])) == 0
-    model = GatedQwenForCausalLM.from_pretrained(tmp_path / "gated").eval()
+    model = GatedQwenMoeForCausalLM.from_pretrained(tmp_path / "gated").eval()
     assert model.config.sparse_layers == [1] and model.config.gate_position == ("sdpa" if add_gate else None)
     if add_gate:
         assert model.config.gate_granularity == add_gate
@@ -331,7 +456,7 @@ def test_convert_to_and_from_qwen3_next(tmp_path):
     assert set(stock.config.layer_types) == {"full_attention"}
     assert stock.config.rope_parameters["partial_rotary_factor"] == 1.0
     assert cli(["convert", str(tmp_path / "next"), str(tmp_path / "back"), "--from", "qwen3_next", "--no-verify"]) == 0
-    back = GatedQwenForCausalLM.from_pretrained(tmp_path / "back").eval()
+    back = GatedQwenMoeForCausalLM.from_pretrained(tmp_path / "back").eval()
     assert back.config.shared_expert_intermediate_size == 24 and back.config.num_experts == 8
     x = ids()
     with torch.no_grad():
@@ -399,7 +524,7 @@ def test_save_load_and_remote_code_without_the_package(tmp_path):
     model.save_pretrained(tmp_path / "model")
     with safe_open(tmp_path / "model" / "model.safetensors", "pt") as f:  # Qwen3-MoE's on-disk layout
         assert "model.layers.0.mlp.experts.7.down_proj.weight" in f.keys()
-    loaded = GatedQwenForCausalLM.from_pretrained(tmp_path / "model").eval()
+    loaded = GatedQwenMoeForCausalLM.from_pretrained(tmp_path / "model").eval()
     for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
     x = ids()
@@ -415,6 +540,26 @@ def test_save_load_and_remote_code_without_the_package(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "remote code ok" in result.stdout
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "model").config.num_experts == 8
+
+
+def test_analyze_reads_a_mixture_of_experts_folder(tmp_path):
+    """`gated-qwen analyze` loads a GatedQwen-MoE folder with its class and reports what `analyze` measures on the
+    model itself."""
+    from safetensors.torch import save_file
+
+    from gated_qwen.analysis import analyze
+
+    model = gated(seed=12, shared_expert_intermediate_size=24, mlp_only_layers=[0])
+    model.save_pretrained(tmp_path / "model")
+    x = ids(length=12)
+    save_file({"input_ids": x}, tmp_path / "ids.safetensors")
+    assert cli(["analyze", str(tmp_path / "model"), "--tokens", str(tmp_path / "ids.safetensors"), "--length", "12",
+                "--sequences", "2", "--out", str(tmp_path / "report")]) == 0
+    report = json.loads((tmp_path / "report" / "report.json").read_text())["summary"]
+    model.set_attn_implementation("sdpa")
+    direct = analyze(model, x)["summary"]
+    for key in ("first_token_attention", "max_activation", "gate_mean"):
+        assert report[key] == pytest.approx(direct[key], rel=1e-5), key
 
 
 def test_trainer_reduces_the_load_balancing_loss(tmp_path):

@@ -1,6 +1,6 @@
 """The package's face: `import gated_qwen` loads neither torch nor Transformers, yet whichever way a program reaches
 the model (a name of the package, Transformers first or last, a module of the package imported directly), the
-Auto classes know `model_type="gated_qwen"` by the time it uses them. Each case runs in a fresh interpreter."""
+Auto classes know `model_type="gated_qwen"` and `"gated_qwen_moe"` by the time it uses them. Each case runs in a fresh interpreter."""
 
 import subprocess
 import sys
@@ -17,6 +17,13 @@ assert type(config).__name__ == "GatedQwenConfig", type(config)
 for auto in (AutoModelForCausalLM, AutoModelForTokenClassification):
     model = auto.from_config(config)
     assert type(model).__module__ == "gated_qwen.modeling_gated", type(model)
+moe = AutoConfig.for_model("gated_qwen_moe", vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                           num_attention_heads=2, num_key_value_heads=1, head_dim=8, num_experts=2,
+                           num_experts_per_tok=1, moe_intermediate_size=8)
+assert type(moe).__name__ == "GatedQwenMoeConfig", type(moe)
+for auto in (AutoModelForCausalLM, AutoModelForTokenClassification):
+    model = auto.from_config(moe)
+    assert type(model).__module__ == "gated_qwen.modeling_gated_moe", type(model)
 print("registered")
 """
 
@@ -25,6 +32,7 @@ CASES = {
     "transformers-then-package": "import transformers\nimport gated_qwen\n",
     "a-name-of-the-package": "from gated_qwen import GatedQwenConfig\n",
     "modeling-module-directly": "from gated_qwen.modeling_gated import GatedQwenForCausalLM\n",
+    "moe-modeling-module-directly": "from gated_qwen.modeling_gated_moe import GatedQwenMoeForCausalLM\n",
     "configuration-module-directly": "import gated_qwen.configuration_gated\n",
     "analysis-subpackage": "import gated_qwen.analysis.measure\n",
     "gate-module-directly": "import gated_qwen.gating\n",

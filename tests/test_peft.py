@@ -52,6 +52,21 @@ def test_default_lora_targets_are_qwen3s_plus_the_gate(gate, expected_extra):
     assert adapted_modules(model) == {(i, p) for i in range(TINY["num_hidden_layers"]) for p in qwen3 + expected_extra}
 
 
+def test_default_lora_targets_of_the_mixture_of_experts_are_the_attention_and_the_gate():
+    """PEFT has no Qwen3-MoE defaults: GatedQwen-MoE takes Qwen3's attention targets plus the gate, in every layer,
+    sparse or not."""
+    from helpers import TINY_MOE
+
+    from gated_qwen import GatedQwenMoeConfig, GatedQwenMoeForCausalLM
+
+    torch.manual_seed(0)
+    moe = GatedQwenMoeForCausalLM(GatedQwenMoeConfig(**TINY, **TINY_MOE, mlp_only_layers=[0]))
+    model = get_peft_model(moe, LoraConfig(task_type="CAUSAL_LM"))
+    qwen3 = TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING["qwen3"]
+    assert TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING["gated_qwen_moe"] == [*qwen3, "g_proj"]
+    assert adapted_modules(model) == {(i, p) for i in range(TINY["num_hidden_layers"]) for p in [*qwen3, "g_proj"]}
+
+
 def test_gated_qwen_imports_without_peft():
     code = (
         "import sys; sys.modules['peft'] = None\n"  # `import peft` now raises ImportError

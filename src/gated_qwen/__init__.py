@@ -1,7 +1,8 @@
 """gated-qwen: the gated attention of Qiu et al. (2025) as a Hugging Face Transformers model.
 
-Importing this package registers `model_type="gated_qwen"` with the Auto classes, so `AutoConfig`,
-`AutoModelForCausalLM` & co. read gated_qwen folders, and gives PEFT its default LoRA targets.
+Importing this package registers `model_type="gated_qwen"` (dense) and `"gated_qwen_moe"` (mixture of experts) with
+the Auto classes, so `AutoConfig`, `AutoModelForCausalLM` & co. read both kinds of folder, and gives PEFT its default
+LoRA targets.
 
 The import itself is instant: neither torch nor Transformers is loaded until something needs them (the `gated-qwen`
 command answers `--help` without them). The registration runs as soon as it can: when a name of this package is
@@ -24,6 +25,13 @@ _EXPORTS = {
     "GatedQwenForSequenceClassification": "modeling_gated",
     "GatedQwenForTokenClassification": "modeling_gated",
     "GatedQwenForQuestionAnswering": "modeling_gated",
+    "GatedQwenMoeConfig": "configuration_gated",
+    "GatedQwenMoePreTrainedModel": "modeling_gated_moe",
+    "GatedQwenMoeModel": "modeling_gated_moe",
+    "GatedQwenMoeForCausalLM": "modeling_gated_moe",
+    "GatedQwenMoeForSequenceClassification": "modeling_gated_moe",
+    "GatedQwenMoeForTokenClassification": "modeling_gated_moe",
+    "GatedQwenMoeForQuestionAnswering": "modeling_gated_moe",
 }
 __all__ = [*_EXPORTS, "register"]
 
@@ -34,9 +42,10 @@ _registered = False
 
 
 def register() -> None:
-    """Registers GatedQwen with Transformers' Auto classes (config, base model, causal LM, sequence/token
-    classification, question answering, each also for `trust_remote_code` folders through `auto_map`), PEFT's
-    default targets and the package's Hub card for `push_to_hub`. Runs once; later calls do nothing."""
+    """Registers GatedQwen, dense and mixture of experts, with Transformers' Auto classes (config, base model, causal
+    LM, sequence/token classification, question answering, each also for `trust_remote_code` folders through
+    `auto_map`), PEFT's default targets and the package's Hub card for `push_to_hub`. Runs once; later calls do
+    nothing."""
     global _registered
     if _registered:
         return
@@ -51,21 +60,21 @@ def register() -> None:
     )
 
     configuration = importlib.import_module(".configuration_gated", __name__)
-    modeling = importlib.import_module(".modeling_gated", __name__)
-    config_class = configuration.GatedQwenConfig
-    AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
-    config_class.register_for_auto_class()
-    for auto, model in (
-        (AutoModel, modeling.GatedQwenModel),
-        (AutoModelForCausalLM, modeling.GatedQwenForCausalLM),
-        (AutoModelForSequenceClassification, modeling.GatedQwenForSequenceClassification),
-        (AutoModelForTokenClassification, modeling.GatedQwenForTokenClassification),
-        (AutoModelForQuestionAnswering, modeling.GatedQwenForQuestionAnswering),
-    ):
-        auto.register(config_class, model, exist_ok=True)
-        model.register_for_auto_class(auto.__name__)
+    heads = ("Model", "ForCausalLM", "ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering")
+    autos = (AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoModelForTokenClassification,
+             AutoModelForQuestionAnswering)
+    for prefix, module in (("GatedQwen", "modeling_gated"), ("GatedQwenMoe", "modeling_gated_moe")):
+        modeling = importlib.import_module(f".{module}", __name__)
+        config_class = getattr(configuration, f"{prefix}Config")
+        AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
+        config_class.register_for_auto_class()
+        for auto, head in zip(autos, heads, strict=True):
+            model = getattr(modeling, f"{prefix}{head}")
+            auto.register(config_class, model, exist_ok=True)
+            model.register_for_auto_class(auto.__name__)
     importlib.import_module(".peft_defaults", __name__).register_peft_defaults()  # a no-op without PEFT
-    importlib.import_module(".hub", __name__).install_card(modeling.GatedQwenPreTrainedModel)
+    dense = importlib.import_module(".modeling_gated", __name__).GatedQwenPreTrainedModel
+    importlib.import_module(".hub", __name__).install_card(dense)  # the mixture-of-experts classes inherit it
 
 
 def _register_when_possible(finished: str | None = None) -> None:

@@ -7,13 +7,16 @@
 | `qwen3_moe` | stock Qwen3-MoE                             | as `qwen3`, with experts                                 |
 | `qwen3_5` | Qwen3.5 text / Qwen3-Next, all layers full attention | `q_proj` rows per head `[q_h | g_h]`; norms zero-centred (`x̂·(1 + w)`) |
 
-`gated_config_dict(config_dict, gate)` turns such a config.json into a gated_qwen one (refusing what GatedQwen cannot
-compute, with the reason) and records the format in `_checkpoint_format`; `CHECKPOINT_CONVERSIONS` are the
+`gated_config_dict(config_dict, gate)` turns such a config.json into a gated_qwen one, or a gated_qwen_moe one for a
+mixture of experts (refusing what GatedQwen cannot compute, with the reason), and records the format in
+`_checkpoint_format`; it also reads a mixture of experts saved before it had its own model type (model_type
+"gated_qwen" with `num_experts` > 0) as the gated_qwen_moe one it is; `CHECKPOINT_CONVERSIONS` are the
 Transformers `WeightConverter`s that `from_pretrained` applies to the tensors of that format (a gated_qwen folder
-passes through them unchanged). They reverse to the identity: `save_pretrained` always writes the gated_qwen layout;
+passes through them unchanged). They reverse to the identity: `save_pretrained` always writes GatedQwen's layout;
 `gated-qwen convert --to release|qwen3_5|qwen3_next` writes the foreign ones, from the same functions.
 
-This file is copied to the Hugging Face Hub beside `modeling_gated.py`: relative imports only.
+This file is copied to the Hugging Face Hub beside `modeling_gated.py` and `modeling_gated_moe.py`: relative imports
+only.
 """
 
 import contextvars
@@ -41,7 +44,7 @@ QWEN3_FIELDS = (
     "bos_token_id", "eos_token_id",
 )
 SLIDING_FIELDS = ("use_sliding_window", "sliding_window", "max_window_layers", "layer_types")
-# The mixture-of-experts fields that Qwen3-MoE / Qwen3-Next share with GatedQwenConfig.
+# The mixture-of-experts fields that Qwen3-MoE / Qwen3-Next share with GatedQwenMoeConfig.
 MOE_FIELDS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step",
               "mlp_only_layers", "router_aux_loss_coef", "output_router_logits")
 
@@ -371,10 +374,14 @@ READERS = {
 }
 
 
+# This package's model types: dense, and mixture of experts.
+GATED_MODEL_TYPES = ("gated_qwen", "gated_qwen_moe")
+
+
 def checkpoint_format(cfg: dict) -> str | None:
-    """The format of a config.json: None for gated_qwen, else one of `READERS`."""
+    """The format of a config.json: None for gated_qwen / gated_qwen_moe, else one of `READERS`."""
     model_type = cfg.get("model_type")
-    if model_type == "gated_qwen":
+    if model_type in GATED_MODEL_TYPES:
         return None
     if model_type == "qwen3":
         official = any(str(ref).startswith(("configuration_qwen3.", "modeling_qwen3."))
@@ -385,18 +392,20 @@ def checkpoint_format(cfg: dict) -> str | None:
     if model_type in ("qwen3_5_text", "qwen3_next", "qwen3_5"):
         return "qwen3_5"
     raise CheckpointFormatError(
-        f"config.json has model_type={model_type!r}; GatedQwen reads gated_qwen folders and "
+        f"config.json has model_type={model_type!r}; GatedQwen reads gated_qwen folders, gated_qwen_moe ones and "
         f"{'; '.join(READERS.values())}. Convert other checkpoints to one of these first."
     )
 
 
 def gated_config_dict(cfg: dict, gate: dict | None = None) -> dict:
-    """The gated_qwen config.json of a folder in one of the formats (returned unchanged for a gated_qwen one), with
-    its format in `_checkpoint_format`. `gate`: gate fields to add to a stock Qwen3 / Qwen3-MoE model (the
-    function-preserving initialisation of `added_gate_init`); other formats have their gate already."""
+    """The gated_qwen (dense) or gated_qwen_moe (mixture of experts) config.json of a folder in one of the formats,
+    with its format in `_checkpoint_format`; a folder of this package is returned unchanged, except a mixture of
+    experts saved before it had its own model type (`legacy_moe_config_dict`). `gate`: gate fields to add to a stock
+    Qwen3 / Qwen3-MoE model (the function-preserving initialisation of `added_gate_init`); other formats have their
+    gate already."""
     fmt = checkpoint_format(cfg)
     if fmt is None:
-        return cfg
+        return legacy_moe_config_dict(cfg)
     if gate and fmt not in ("qwen3", "qwen3_moe"):
         raise CheckpointFormatError(
             f"gate fields {sorted(gate)} can only be added to a stock Qwen3 or Qwen3-MoE model; this folder is "
@@ -408,7 +417,17 @@ def gated_config_dict(cfg: dict, gate: dict | None = None) -> dict:
     if gate:
         logger.warning_once(A7_NOTE)
     dtype = source_dtype(cfg)
-    return dict(fields, model_type="gated_qwen", _checkpoint_format=fmt, **({"dtype": dtype} if dtype else {}))
+    model_type = "gated_qwen_moe" if "num_experts" in fields else "gated_qwen"
+    return dict(fields, model_type=model_type, _checkpoint_format=fmt, **({"dtype": dtype} if dtype else {}))
+
+
+def legacy_moe_config_dict(cfg: dict) -> dict:
+    """A gated_qwen config.json with `num_experts` > 0, as this package wrote mixtures of experts before they had
+    their own model type, as the gated_qwen_moe one it is (its `auto_map`, which names the dense classes, left out:
+    the config writes its own); any other config.json unchanged. Its tensors are in gated_qwen_moe's layout."""
+    if cfg.get("model_type") != "gated_qwen" or not cfg.get("num_experts"):
+        return cfg
+    return {**{k: v for k, v in cfg.items() if k != "auto_map"}, "model_type": "gated_qwen_moe"}
 
 
 # -------------------------------------------------------------------------------- load-time conversion

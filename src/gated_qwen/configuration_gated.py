@@ -1,10 +1,13 @@
-"""GatedQwen configuration: Qwen3's config plus the gate of Qiu et al. (2025) and optional mixture-of-experts.
+"""GatedQwen configurations: `GatedQwenConfig` (model_type "gated_qwen"), Qwen3's config plus the gate of Qiu et
+al. (2025), and `GatedQwenMoeConfig` ("gated_qwen_moe"), the same with Qwen3-MoE's mixture of experts. Dense and
+mixture-of-experts models are separate model types, as Qwen3 and Qwen3-MoE are.
 
-A strict dataclass like `Qwen3Config`: every field is checked when it is set (at construction and on assignment
+Each is a strict dataclass like `Qwen3Config`: every field is checked when it is set (at construction and on assignment
 later), the rules that tie fields together when the config is built and by `config.validate()` (which
 `save_pretrained` runs). Errors name the field, the bad value and what is allowed.
 
-This file is copied to the Hugging Face Hub beside `modeling_gated.py`: relative imports only.
+This file is copied to the Hugging Face Hub beside `modeling_gated.py` and `modeling_gated_moe.py`: relative imports
+only.
 """
 
 from typing import Any, ClassVar, Literal
@@ -13,15 +16,16 @@ from huggingface_hub.dataclasses import strict, validated_field
 from huggingface_hub.errors import StrictDataclassError
 from transformers.models.qwen3.configuration_qwen3 import Qwen3Config
 
-from .checkpoint_formats import gated_config_dict
+from .checkpoint_formats import GATED_MODEL_TYPES, gated_config_dict, legacy_moe_config_dict
 from .gating import ALIASES, DEFAULTS, FIELDS, POSITIONS, canonical_position
 
 # What building or changing a config raises for a bad value: a strict-dataclass error (one field, or a rule across
 # fields) or a ValueError (an unknown gate field, a preset name).
 CONFIG_ERRORS = (ValueError, TypeError, StrictDataclassError)
 
-# The mixture-of-experts fields (Qwen3-MoE's names; `shared_expert_intermediate_size` is Qwen3-Next's) and their
-# defaults. `num_experts=0` means a dense model; the other fields must then stay at these defaults.
+# The mixture-of-experts fields besides `num_experts` (Qwen3-MoE's names; `shared_expert_intermediate_size` is
+# Qwen3-Next's) and their defaults. Folders saved before GatedQwenMoeConfig existed hold them for dense models too,
+# with `num_experts=0` and these values, which GatedQwenConfig accepts and drops.
 MOE_DEFAULTS = {
     "num_experts_per_tok": 8,
     "moe_intermediate_size": 768,
@@ -43,8 +47,17 @@ AUTO_MAP = {
     "AutoModelForTokenClassification": "modeling_gated.GatedQwenForTokenClassification",
     "AutoModelForQuestionAnswering": "modeling_gated.GatedQwenForQuestionAnswering",
 }
+MOE_AUTO_MAP = {
+    "AutoConfig": "configuration_gated.GatedQwenMoeConfig",
+    "AutoModel": "modeling_gated_moe.GatedQwenMoeModel",
+    "AutoModelForCausalLM": "modeling_gated_moe.GatedQwenMoeForCausalLM",
+    "AutoModelForSequenceClassification": "modeling_gated_moe.GatedQwenMoeForSequenceClassification",
+    "AutoModelForTokenClassification": "modeling_gated_moe.GatedQwenMoeForTokenClassification",
+    "AutoModelForQuestionAnswering": "modeling_gated_moe.GatedQwenMoeForQuestionAnswering",
+}
 
-# The paper's models (appendix table 7). Gated dense variants shrink the FFN so the parameter count stays equal.
+# The paper's models (appendix table 7): dense ones build a GatedQwenConfig, the MoE a GatedQwenMoeConfig. Gated dense
+# variants shrink the FFN so the parameter count stays equal.
 PAPER_PRESETS: dict[str, dict[str, Any]] = {
     "dense-1.7b-28l": dict(
         hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
@@ -111,6 +124,14 @@ def _gate_position(value) -> None:
         )
 
 
+def _num_experts(value) -> None:
+    if not _is_int(value) or value <= 0:
+        raise ValueError(
+            f"`num_experts` must be a positive integer (a GatedQwenMoeConfig has experts; a dense model is a "
+            f"GatedQwenConfig), got {value!r}."
+        )
+
+
 def _layer_list(name: str, meaning: str):
     def check(value) -> None:
         if value is not None and (not value or not all(_is_int(i) for i in value)):
@@ -121,11 +142,11 @@ def _layer_list(name: str, meaning: str):
 @strict
 class GatedQwenConfig(Qwen3Config):
     r"""
-    Configuration of a [`GatedQwenModel`]: every field of [`Qwen3Config`] plus the gate of Qiu et al. (2025) and an
-    optional mixture of experts. The defaults describe the paper's 1.7B dense model (28 layers) with its recommended
-    gate: a sigmoid gate on the SDPA output (G1), elementwise, head-specific, multiplicative, computed from the
-    hidden state after the pre-attention RMSNorm (the tensor that feeds q/k/v). The variants, their paper names and
-    their meaning are listed once, in `gating.py`.
+    Configuration of a [`GatedQwenModel`]: every field of [`Qwen3Config`] plus the gate of Qiu et al. (2025). The
+    defaults describe the paper's 1.7B dense model (28 layers) with its recommended gate: a sigmoid gate on the SDPA
+    output (G1), elementwise, head-specific, multiplicative, computed from the hidden state after the pre-attention
+    RMSNorm (the tensor that feeds q/k/v). The variants, their paper names and their meaning are listed once, in
+    `gating.py`. A mixture of experts is a [`GatedQwenMoeConfig`].
 
     use_qk_norm (`bool`, defaults to `True`):
         Per-head RMSNorm on queries and keys (Qwen3's QK-norm). The paper's released checkpoints name it the same.
@@ -152,26 +173,6 @@ class GatedQwenConfig(Qwen3Config):
         The paper's two non-gate controls on the SDPA output (table 3), only without a gate: `"rmsnorm"` (a per-head
         RMSNorm with a learned `head_dim` weight) or `"silu"` (a parameter-free SiLU).
 
-    Mixture of experts (Qwen3-MoE's fields and weight layout; `num_experts=0`, the default, is a dense model):
-    num_experts (`int`, defaults to 0):
-        Routed experts per sparse layer; 0 means every layer has the dense `intermediate_size` MLP.
-    num_experts_per_tok (`int`, defaults to 8):
-        Experts each token is routed to (top-k of a softmax over the router logits).
-    moe_intermediate_size (`int`, defaults to 768):
-        Width of each routed expert.
-    norm_topk_prob (`bool`, defaults to `False`):
-        Renormalise the top-k probabilities to sum to 1.
-    decoder_sparse_step (`int`, defaults to 1), mlp_only_layers (`list[int]` or `None`, defaults to `None`):
-        Layer `i` is sparse when `(i + 1) % decoder_sparse_step == 0` and `i` is not in `mlp_only_layers`; other
-        layers keep the dense `intermediate_size` MLP (as in Qwen3-MoE).
-    shared_expert_intermediate_size (`int`, defaults to 0):
-        Width of an always-active shared expert scaled by `sigmoid(shared_expert_gate(x))` (Qwen3-Next); 0: none.
-    router_aux_loss_coef (`float`, defaults to 0.001), router_z_loss_coef (`float`, defaults to 0.0):
-        Weights of the load-balancing loss (Switch/Qwen3-MoE) and of the router z-loss (ST-MoE) in the LM loss.
-    output_router_logits (`bool`, defaults to `False`):
-        Return the router logits of every sparse layer; the auxiliary losses are computed only when set (as in
-        Qwen3-MoE), so set it for training.
-
     Example:
     ```python
     >>> from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
@@ -181,6 +182,7 @@ class GatedQwenConfig(Qwen3Config):
     """
 
     model_type = "gated_qwen"
+    default_auto_map: ClassVar[dict[str, str]] = AUTO_MAP
 
     # Qwen3's fields whose defaults differ here (the paper's 1.7B dense model), each checked when set.
     vocab_size: int = validated_field(_positive("vocab_size"), default=151936)
@@ -204,18 +206,6 @@ class GatedQwenConfig(Qwen3Config):
     gate_layers: list[int] | None = validated_field(_layer_list("gate_layers", "every layer"), default=None)
     sdpa_output_transform: Literal["rmsnorm", "silu"] | None = None
 
-    num_experts: int = validated_field(_at_least_zero("num_experts", "a dense model"), default=0)
-    num_experts_per_tok: int = validated_field(_positive("num_experts_per_tok"), default=8)
-    moe_intermediate_size: int = validated_field(_positive("moe_intermediate_size"), default=768)
-    norm_topk_prob: bool = False
-    decoder_sparse_step: int = validated_field(_positive("decoder_sparse_step"), default=1)
-    mlp_only_layers: list[int] | None = None
-    shared_expert_intermediate_size: int = validated_field(
-        _at_least_zero("shared_expert_intermediate_size", "no shared expert"), default=0)
-    router_aux_loss_coef: float | int = validated_field(_non_negative_number("router_aux_loss_coef"), default=0.001)
-    router_z_loss_coef: float | int = validated_field(_non_negative_number("router_z_loss_coef"), default=0.0)
-    output_router_logits: bool = False
-
     base_model_pp_plan: ClassVar[dict[str, Any]] = {
         "embed_tokens": (["input_ids"], ["inputs_embeds"]),
         "layers": (["hidden_states", "attention_mask"], ["hidden_states"]),
@@ -226,34 +216,53 @@ class GatedQwenConfig(Qwen3Config):
         unknown = sorted(k for k in kwargs if k.startswith("gate_") or k.startswith("sdpa_output"))
         if unknown:
             raise ValueError(f"GatedQwenConfig got unknown gate field(s) {unknown}; the gate fields are {list(FIELDS)}.")
-        if self.mlp_only_layers is not None and len(self.mlp_only_layers) == 0:
-            self.mlp_only_layers = None  # Qwen3-MoE writes [] for "none"
+        _drop_dense_moe_fields(kwargs)  # only a dense config receives these as extra arguments
         if getattr(self, "auto_map", None) is None and "auto_map" not in kwargs:
-            self.auto_map = dict(AUTO_MAP)
+            self.auto_map = dict(self.default_auto_map)
         super().__post_init__(**kwargs)
 
     def __setattr__(self, name, value):
         if name == "gate_position":
             value = canonical_position(value)  # the validator has accepted the paper's names too
-        elif name in ("gate_layers", "mlp_only_layers") and isinstance(value, (list, tuple)):
+        elif name == "gate_layers" and isinstance(value, (list, tuple)):
             value = sorted(value)
+        elif name == "num_experts" and value and name not in self.__dataclass_fields__:
+            raise ValueError(_dense_error(f"`num_experts`={value!r}"))
         super().__setattr__(name, value)
 
     # ------------------------------------------------------------------------------- reading other formats
     @classmethod
     def get_config_dict(cls, pretrained_model_name_or_path, **kwargs):
-        """config.json of a gated_qwen folder, or of one in a format `checkpoint_formats.py` reads (the paper's
-        release, stock Qwen3 / Qwen3-MoE, Qwen3.5 text / Qwen3-Next with every layer full attention) turned into
-        GatedQwen's fields. Gate fields among `kwargs` add a gate to a stock Qwen3 / Qwen3-MoE model."""
+        """config.json of a GatedQwen folder of this model type, or of one in a format `checkpoint_formats.py` reads
+        (the paper's release, stock Qwen3 / Qwen3-MoE, Qwen3.5 text / Qwen3-Next with every layer full attention, a
+        mixture of experts saved before it had its own model type) turned into GatedQwen's fields. Gate fields among
+        `kwargs` add a gate to a stock Qwen3 / Qwen3-MoE model. A folder of the other GatedQwen model type (dense
+        read as a mixture of experts, or the reverse) is refused, naming the class that reads it."""
         config_dict, kwargs = super().get_config_dict(pretrained_model_name_or_path, **kwargs)
-        if config_dict.get("model_type") != cls.model_type:
+        gate = None
+        if config_dict.get("model_type") not in GATED_MODEL_TYPES:
             gate = {name: kwargs.pop(name) for name in FIELDS if name in kwargs}
-            config_dict = gated_config_dict(config_dict, gate)
+        config_dict = gated_config_dict(config_dict, gate)
+        if config_dict["model_type"] != cls.model_type:
+            raise ValueError(_model_type_error(cls, config_dict, str(pretrained_model_name_or_path)))
         return config_dict, kwargs
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs):
+        """Transformers' `from_dict`; a mixture-of-experts dict (also one saved before mixture-of-experts models had
+        their own model type) read through GatedQwenConfig, as `AutoConfig` reads every folder whose model_type is
+        "gated_qwen", builds a GatedQwenMoeConfig. A dense dict read through GatedQwenMoeConfig is refused."""
+        config_dict = legacy_moe_config_dict(config_dict)
+        model_type = config_dict.get("model_type", cls.model_type)
+        if cls is GatedQwenConfig and model_type == GatedQwenMoeConfig.model_type:
+            return GatedQwenMoeConfig.from_dict(config_dict, **kwargs)
+        if model_type in GATED_MODEL_TYPES and model_type != cls.model_type:
+            raise ValueError(_model_type_error(cls, config_dict, "the config dict"))
+        return super().from_dict(config_dict, **kwargs)
 
     def to_dict(self) -> dict[str, Any]:
         # The format a folder was read from only tells `from_pretrained` how to read its tensors; what is saved is
-        # always gated_qwen.
+        # always this package's model type.
         output = super().to_dict()
         output.pop("_checkpoint_format", None)
         return output
@@ -306,35 +315,6 @@ class GatedQwenConfig(Qwen3Config):
                 "already a learned constant logit. Set `gate_bias` to False."
             )
 
-    def validate_moe(self) -> None:
-        """The mixture-of-experts fields together."""
-        if self.num_experts == 0:
-            changed = [k for k, v in MOE_DEFAULTS.items() if getattr(self, k) != v]
-            if changed:
-                raise ValueError(
-                    f"{', '.join(f'`{k}`={getattr(self, k)!r}' for k in changed)} has no effect with `num_experts`=0 "
-                    "(a dense model); set `num_experts` (e.g. 128, the paper's MoE) or leave these at their defaults."
-                )
-            return
-        if self.num_experts_per_tok > self.num_experts:
-            raise ValueError(
-                f"`num_experts_per_tok` ({self.num_experts_per_tok}) must be at most `num_experts` "
-                f"({self.num_experts})."
-            )
-        if self.mlp_only_layers is not None:
-            layers = list(self.mlp_only_layers)
-            if any(not 0 <= i < self.num_hidden_layers for i in layers) or len(set(layers)) != len(layers):
-                raise ValueError(
-                    f"`mlp_only_layers` must hold distinct indices in [0, {self.num_hidden_layers}) "
-                    f"(`num_hidden_layers`={self.num_hidden_layers}), got {layers!r}."
-                )
-        if not self.sparse_layers:
-            raise ValueError(
-                f"`num_experts`={self.num_experts} but no layer is sparse: `decoder_sparse_step`="
-                f"{self.decoder_sparse_step} and `mlp_only_layers`={self.mlp_only_layers!r} leave every one of the "
-                f"{self.num_hidden_layers} layers dense. Set `num_experts`=0 for a dense model."
-            )
-
     # ------------------------------------------------------------------------------------ derived sizes
     @property
     def gated_layers(self) -> list[int]:
@@ -342,14 +322,6 @@ class GatedQwenConfig(Qwen3Config):
         if self.gate_position is None:
             return []
         return list(range(self.num_hidden_layers)) if self.gate_layers is None else list(self.gate_layers)
-
-    @property
-    def sparse_layers(self) -> list[int]:
-        """Indices of the mixture-of-experts layers (Qwen3-MoE's rule; empty for a dense model)."""
-        if self.num_experts == 0:
-            return []
-        dense = set(self.mlp_only_layers or [])
-        return [i for i in range(self.num_hidden_layers) if i not in dense and (i + 1) % self.decoder_sparse_step == 0]
 
     @property
     def gate_shape(self) -> tuple[int, int] | None:
@@ -400,28 +372,13 @@ class GatedQwenConfig(Qwen3Config):
             else:
                 plan[f"{attn}.gate.logits"] = "colwise"
                 plan[f"{attn}.gate"] = "local_params"  # the gate computes with its local rows of `logits`
-        if len(self.sparse_layers) < self.num_hidden_layers:  # some layers keep the dense MLP
-            plan |= {f"{mlp}.gate_proj": "colwise", f"{mlp}.up_proj": "colwise", f"{mlp}.down_proj": "rowwise"}
-        if self.num_experts:  # Qwen3-MoE's experts (the router is replicated)
-            plan |= {f"{mlp}.experts.gate_up_proj": "packed_colwise", f"{mlp}.experts.down_proj": "rowwise",
-                     f"{mlp}.experts": "moe_tp_experts"}
-        if self.shared_expert_intermediate_size:  # Qwen3-Next's shared expert
-            plan |= {f"{mlp}.shared_expert.gate_proj": "colwise", f"{mlp}.shared_expert.up_proj": "colwise",
-                     f"{mlp}.shared_expert.down_proj": "rowwise"}
-        return plan
-
-    @property
-    def base_model_ep_plan(self) -> dict[str, str] | None:
-        """Expert parallelism (`distributed_config` with experts): Qwen3-MoE's plan; None for a dense model."""
-        if not self.num_experts:
-            return None
-        return {"layers.*.mlp.experts.gate_up_proj": "grouped_gemm", "layers.*.mlp.experts.down_proj": "grouped_gemm",
-                "layers.*.mlp.experts": "ep_dispatch_experts"}
+        return plan | {f"{mlp}.gate_proj": "colwise", f"{mlp}.up_proj": "colwise", f"{mlp}.down_proj": "rowwise"}
 
     # ----------------------------------------------------------------------------------------- presets
     @classmethod
     def from_paper(cls, name: str, **overrides) -> "GatedQwenConfig":
-        """The paper's models by name: `"dense-1.7b-28l"`, `"dense-1.7b-48l"` or `"moe-15a2b"` (appendix table 7).
+        """The paper's models by name: `"dense-1.7b-28l"`, `"dense-1.7b-48l"` (a GatedQwenConfig) or `"moe-15a2b"`
+        (a GatedQwenMoeConfig), appendix table 7, whichever of the two classes it is called on.
 
         `overrides` set any field (gate fields included). Gated dense variants shrink `intermediate_size` so the
         total parameter count stays that of the baseline, as the paper does, unless `intermediate_size` is given.
@@ -429,12 +386,154 @@ class GatedQwenConfig(Qwen3Config):
         """
         if name not in PAPER_PRESETS:
             raise ValueError(f"Unknown paper preset {name!r}; choose one of {_allowed(PAPER_PRESETS)}.")
-        config = cls(**{**PAPER_PRESETS[name], **overrides})
-        if "intermediate_size" not in overrides and config.gate_position is not None and config.num_experts == 0:
+        moe = "num_experts" in PAPER_PRESETS[name]
+        config = (GatedQwenMoeConfig if moe else GatedQwenConfig)(**{**PAPER_PRESETS[name], **overrides})
+        if "intermediate_size" not in overrides and config.gate_position is not None and not moe:
             added = config.gate_parameters_per_layer() * len(config.gated_layers)
             per_unit = 3 * config.hidden_size * config.num_hidden_layers  # gate, up and down rows of every MLP
             config.intermediate_size -= round(added / per_unit)
         return config
 
 
-__all__ = ["GatedQwenConfig"]
+@strict
+class GatedQwenMoeConfig(GatedQwenConfig):
+    r"""
+    Configuration of a [`GatedQwenMoeModel`]: a [`GatedQwenConfig`] (the gate, its defaults, the attention) with
+    Qwen3-MoE's mixture of experts (its fields, defaults and weight layout) and Qwen3-Next's optional shared expert.
+    Layers that are not sparse keep the dense `intermediate_size` MLP.
+
+    num_experts (`int`, defaults to 128):
+        Routed experts per sparse layer (Qwen3-MoE's default, and the paper's MoE).
+    num_experts_per_tok (`int`, defaults to 8):
+        Experts each token is routed to (top-k of a softmax over the router logits).
+    moe_intermediate_size (`int`, defaults to 768):
+        Width of each routed expert.
+    norm_topk_prob (`bool`, defaults to `False`):
+        Renormalise the top-k probabilities to sum to 1.
+    decoder_sparse_step (`int`, defaults to 1), mlp_only_layers (`list[int]` or `None`, defaults to `None`):
+        Layer `i` is sparse when `(i + 1) % decoder_sparse_step == 0` and `i` is not in `mlp_only_layers`; other
+        layers keep the dense `intermediate_size` MLP (as in Qwen3-MoE).
+    shared_expert_intermediate_size (`int`, defaults to 0):
+        Width of an always-active shared expert scaled by `sigmoid(shared_expert_gate(x))` (Qwen3-Next); 0: none.
+    router_aux_loss_coef (`float`, defaults to 0.001), router_z_loss_coef (`float`, defaults to 0.0):
+        Weights of the load-balancing loss (Switch/Qwen3-MoE) and of the router z-loss (ST-MoE) in the LM loss.
+    output_router_logits (`bool`, defaults to `False`):
+        Return the router logits of every sparse layer; the auxiliary losses are computed only when set (as in
+        Qwen3-MoE), so set it for training.
+
+    Example:
+    ```python
+    >>> from gated_qwen import GatedQwenMoeConfig, GatedQwenMoeForCausalLM
+    >>> config = GatedQwenMoeConfig.from_paper("moe-15a2b", gate_granularity="headwise")
+    >>> model = GatedQwenMoeForCausalLM(config)
+    ```
+    """
+
+    model_type = "gated_qwen_moe"
+    default_auto_map: ClassVar[dict[str, str]] = MOE_AUTO_MAP
+
+    num_experts: int = validated_field(_num_experts, default=128)
+    num_experts_per_tok: int = validated_field(_positive("num_experts_per_tok"), default=8)
+    moe_intermediate_size: int = validated_field(_positive("moe_intermediate_size"), default=768)
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = validated_field(_positive("decoder_sparse_step"), default=1)
+    mlp_only_layers: list[int] | None = None
+    shared_expert_intermediate_size: int = validated_field(
+        _at_least_zero("shared_expert_intermediate_size", "no shared expert"), default=0)
+    router_aux_loss_coef: float | int = validated_field(_non_negative_number("router_aux_loss_coef"), default=0.001)
+    router_z_loss_coef: float | int = validated_field(_non_negative_number("router_z_loss_coef"), default=0.0)
+    output_router_logits: bool = False
+
+    def __post_init__(self, **kwargs):
+        if self.mlp_only_layers is not None and len(self.mlp_only_layers) == 0:
+            self.mlp_only_layers = None  # Qwen3-MoE writes [] for "none"
+        super().__post_init__(**kwargs)
+
+    def __setattr__(self, name, value):
+        if name == "mlp_only_layers" and isinstance(value, (list, tuple)):
+            value = sorted(value)
+        super().__setattr__(name, value)
+
+    def validate_moe(self) -> None:
+        """The mixture-of-experts fields together."""
+        if self.num_experts_per_tok > self.num_experts:
+            raise ValueError(
+                f"`num_experts_per_tok` ({self.num_experts_per_tok}) must be at most `num_experts` "
+                f"({self.num_experts})."
+            )
+        if self.mlp_only_layers is not None:
+            layers = list(self.mlp_only_layers)
+            if any(not 0 <= i < self.num_hidden_layers for i in layers) or len(set(layers)) != len(layers):
+                raise ValueError(
+                    f"`mlp_only_layers` must hold distinct indices in [0, {self.num_hidden_layers}) "
+                    f"(`num_hidden_layers`={self.num_hidden_layers}), got {layers!r}."
+                )
+        if not self.sparse_layers:
+            raise ValueError(
+                f"`num_experts`={self.num_experts} but no layer is sparse: `decoder_sparse_step`="
+                f"{self.decoder_sparse_step} and `mlp_only_layers`={self.mlp_only_layers!r} leave every one of the "
+                f"{self.num_hidden_layers} layers dense. A dense model is a GatedQwenConfig."
+            )
+
+    @property
+    def sparse_layers(self) -> list[int]:
+        """Indices of the mixture-of-experts layers (Qwen3-MoE's rule)."""
+        dense = set(self.mlp_only_layers or [])
+        return [i for i in range(self.num_hidden_layers) if i not in dense and (i + 1) % self.decoder_sparse_step == 0]
+
+    @property
+    def base_model_tp_plan(self) -> dict[str, str]:
+        """GatedQwenConfig's plan (the dense MLP's rules only where some layer keeps it), Qwen3-MoE's expert rules
+        (the router is replicated) and Qwen3-Next's shared-expert rules when there is one."""
+        mlp = "layers.*.mlp"
+        plan = super().base_model_tp_plan
+        if len(self.sparse_layers) == self.num_hidden_layers:  # no layer keeps the dense MLP
+            plan = {rule: style for rule, style in plan.items() if not rule.startswith(f"{mlp}.")}
+        plan |= {f"{mlp}.experts.gate_up_proj": "packed_colwise", f"{mlp}.experts.down_proj": "rowwise",
+                 f"{mlp}.experts": "moe_tp_experts"}
+        if self.shared_expert_intermediate_size:
+            plan |= {f"{mlp}.shared_expert.gate_proj": "colwise", f"{mlp}.shared_expert.up_proj": "colwise",
+                     f"{mlp}.shared_expert.down_proj": "rowwise"}
+        return plan
+
+    @property
+    def base_model_ep_plan(self) -> dict[str, str]:
+        """Expert parallelism (`distributed_config` with experts): Qwen3-MoE's plan."""
+        return {"layers.*.mlp.experts.gate_up_proj": "grouped_gemm", "layers.*.mlp.experts.down_proj": "grouped_gemm",
+                "layers.*.mlp.experts": "ep_dispatch_experts"}
+
+
+def _dense_error(what: str) -> str:
+    return (f"{what} asks for a mixture of experts, which GatedQwenConfig (the dense model, model_type 'gated_qwen') "
+            "does not have; use GatedQwenMoeConfig (model_type 'gated_qwen_moe') and the GatedQwenMoe* models, e.g. "
+            "GatedQwenMoeForCausalLM.")
+
+
+def _drop_dense_moe_fields(kwargs: dict) -> None:
+    """Removes from a dense config's extra arguments the mixture-of-experts fields that folders saved before
+    GatedQwenMoeConfig existed hold (`num_experts=0` and `MOE_DEFAULTS`); refuses any other value of them."""
+    given = {k: kwargs.pop(k) for k in ("num_experts", *MOE_DEFAULTS) if k in kwargs}
+    if given.get("num_experts", 0):
+        raise ValueError(_dense_error(f"`num_experts`={given['num_experts']!r}"))
+    changed = {k: v for k, v in given.items() if k != "num_experts" and v != MOE_DEFAULTS[k]
+               and not (k == "mlp_only_layers" and v == [])}
+    if changed:
+        raise ValueError(
+            f"{', '.join(f'`{k}`={v!r}' for k, v in changed.items())} has no effect with `num_experts`=0 (a dense "
+            "model); for a mixture of experts use GatedQwenMoeConfig, or leave these out."
+        )
+
+
+def _model_type_error(cls, config_dict: dict, source: str) -> str:
+    """Why `cls` cannot read `config_dict`, a model of the other GatedQwen model type, naming the classes that can."""
+    if config_dict["model_type"] == GatedQwenMoeConfig.model_type:
+        what, readers = (f"a mixture of experts (num_experts={config_dict.get('num_experts')!r})",
+                         "GatedQwenMoeConfig and the GatedQwenMoe* models (e.g. GatedQwenMoeForCausalLM)")
+    else:
+        what, readers = "a dense model", "GatedQwenConfig and the dense GatedQwen* models (e.g. GatedQwenForCausalLM)"
+    kind = "the mixture of experts" if cls.model_type == GatedQwenMoeConfig.model_type else "the dense model"
+    return (f"{source} holds {what}; {cls.__name__} is {kind} (model_type {cls.model_type!r}): load it with {readers}, "
+            "or with the Auto classes.")
+
+
+__all__ = ["GatedQwenConfig", "GatedQwenMoeConfig"]

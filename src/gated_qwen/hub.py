@@ -4,7 +4,8 @@ The card (template: `hub_cards/model_card.md` at the repository root, shipped in
 `gated_qwen/hub_cards`, rendered by `huggingface_hub.ModelCard`) carries the metadata the Hub reads
 (`library_name: transformers`, `pipeline_tag: text-generation`, `license`, `base_model`, `tags` with `gated-attention`
 and `custom_code`, and `model-index` when evaluation results are given) and a body that states the gate variant and
-the sizes, how to load the model with and without this package, and the citation.
+the sizes (the experts of a mixture of experts too), how to load the model with and without this package, and the
+citation.
 
 Publishing: `model.push_to_hub(repo_id)` uploads the weights, config.json (with `auto_map`) and the code files in
 one commit; when the revision it goes to (the branch, or the one a pull request starts from) has no card yet, that
@@ -75,13 +76,16 @@ def _gate_fields(config: GatedQwenConfig) -> list[tuple[str, object]]:
 
 
 def count_parameters(config: GatedQwenConfig) -> tuple[int, int]:
-    """(all parameters, gate parameters) of `GatedQwenForCausalLM(config)`, counted on the meta device."""
+    """(all parameters, gate parameters) of the causal LM of `config` (`GatedQwenForCausalLM`, or
+    `GatedQwenMoeForCausalLM` for a `GatedQwenMoeConfig`), counted on the meta device."""
     import torch
 
+    from .configuration_gated import GatedQwenMoeConfig
     from .modeling_gated import GatedQwenForCausalLM
+    from .modeling_gated_moe import GatedQwenMoeForCausalLM
 
     with torch.device("meta"):
-        model = GatedQwenForCausalLM(config)
+        model = (GatedQwenMoeForCausalLM if isinstance(config, GatedQwenMoeConfig) else GatedQwenForCausalLM)(config)
     return model.num_parameters(), config.gate_parameters_per_layer() * len(config.gated_layers)
 
 
@@ -201,11 +205,13 @@ def target_has_card(repo_id: str, revision: str | None = None, token: str | bool
 
 
 def load_model_config(model_dir: str | os.PathLike) -> GatedQwenConfig:
-    """The config of a saved GatedQwen folder, refusing folders that cannot be loaded without this package."""
+    """The config of a saved GatedQwen folder, dense or mixture of experts (a `GatedQwenMoeConfig`), refusing
+    folders that cannot be loaded without this package."""
     model_dir = Path(model_dir)
     config_file = model_dir / "config.json"
     if not config_file.is_file():
         raise CardError(f"MODEL_DIR {str(model_dir)!r} has no config.json; give a folder written by save_pretrained.")
+    from .checkpoint_formats import GATED_MODEL_TYPES
     from .configuration_gated import GatedQwenConfig
 
     try:
@@ -214,10 +220,10 @@ def load_model_config(model_dir: str | os.PathLike) -> GatedQwenConfig:
         raise CardError(f"{str(config_file)!r} is not valid JSON ({error}).") from None
     if not isinstance(config_dict, dict):
         raise CardError(f"{str(config_file)!r} must hold a JSON object.")
-    if config_dict.get("model_type") != GatedQwenConfig.model_type:
+    if config_dict.get("model_type") not in GATED_MODEL_TYPES:
         raise CardError(
             f"MODEL_DIR {str(model_dir)!r} holds model_type {config_dict.get('model_type')!r}, not "
-            f"{GatedQwenConfig.model_type!r}; convert it first (`gated-qwen convert`)."
+            f"{' or '.join(repr(t) for t in GATED_MODEL_TYPES)}; convert it first (`gated-qwen convert`)."
         )
     auto_map = config_dict.get("auto_map") or {}
     local = {ref.split(".")[0] + ".py" for ref in auto_map.values() if isinstance(ref, str) and "--" not in ref}
@@ -229,7 +235,7 @@ def load_model_config(model_dir: str | os.PathLike) -> GatedQwenConfig:
                else "config.json's auto_map does not name AutoModelForCausalLM")
             + ". Save the model again with `save_pretrained` after `import gated_qwen`, which writes both."
         )
-    return GatedQwenConfig.from_pretrained(model_dir)
+    return GatedQwenConfig.from_dict(config_dict)  # a GatedQwenMoeConfig for a mixture of experts
 
 
 def write_card(

@@ -1,10 +1,10 @@
 """GatedQwen: a Qwen3 decoder with the gated attention of Qiu et al. (2025), "Gated Attention for Large Language
 Models" (arXiv 2505.06708).
 
-Reads like `transformers/models/qwen3/modeling_qwen3.py`, whose building blocks (RMSNorm, rotary embedding, eager
-attention, the attention projections) it imports with their Hub-kernel hooks, and Qwen3-MoE's router and experts
-for the optional mixture of experts. The gate is the only new idea: `GatedQwenGate` (gating.py), which the
-attention module calls at each place a gate can act. Every variant of the paper is a config value.
+Reads like `transformers/models/qwen3/modeling_qwen3.py`, whose building blocks (RMSNorm, MLP, rotary embedding,
+eager attention, the attention projections) it imports with their Hub-kernel hooks. The gate is the only new idea:
+`GatedQwenGate` (gating.py), which the attention module calls at each place a gate can act. Every variant of the
+paper is a config value. This is the dense model; the mixture of experts (`modeling_gated_moe.py`) builds on it.
 
 This file is copied to the Hugging Face Hub beside `configuration_gated.py`, `gating.py`, the `gated_triton`
 attention backend and the Triton kernel it drives: relative imports only, Triton only behind a guard.
@@ -17,10 +17,9 @@ import torch
 from torch import nn
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
-from transformers.conversion_mapping import get_checkpoint_conversion_mapping, register_checkpoint_conversion_mapping
+from transformers.conversion_mapping import register_checkpoint_conversion_mapping
 from transformers.core_model_loading import WeightRenaming
 from transformers.generation import GenerationMixin
-from transformers.integrations import use_experts_implementation
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 from transformers.modeling_layers import (
     GenericForQuestionAnswering,
@@ -28,20 +27,15 @@ from transformers.modeling_layers import (
     GenericForTokenClassification,
     GradientCheckpointingLayer,
 )
-from transformers.modeling_outputs import MoeCausalLMOutputWithPast, MoeModelOutputWithPast
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel, slice_logits_to_keep
 from transformers.models.qwen3.modeling_qwen3 import (
     Qwen3Attention,
+    Qwen3MLP,
     Qwen3RMSNorm,
     Qwen3RotaryEmbedding,
     apply_rotary_pos_emb,
     eager_attention_forward,
-)
-from transformers.models.qwen3_moe.modeling_qwen3_moe import (
-    Qwen3MoeExperts,
-    Qwen3MoeMLP,
-    Qwen3MoeTopKRouter,
-    load_balancing_loss_func,
 )
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, can_return_tuple
@@ -59,71 +53,8 @@ class GatedQwenRMSNorm(Qwen3RMSNorm):
     """Qwen3's RMSNorm: `hidden_states: [..., size]` -> `x̂ · weight`, normalised over the last dimension."""
 
 
-class GatedQwenMLP(Qwen3MoeMLP):
-    """SwiGLU, `[B, S, hidden]` -> `[B, S, hidden]`; `intermediate_size` defaults to the config's (Qwen3-MoE's MLP,
-    which also serves as Qwen3-Next's shared expert)."""
-
-
-# Mixture of experts: Qwen3-MoE's router and experts (same parameters and names, so its checkpoints load as they
-# are), plus Qwen3-Next's optional shared expert. The expert computation is Transformers' own:
-# `use_experts_implementation` picks it from `config._experts_implementation` ("grouped_mm" by default,
-# "batched_mm", or "eager"). The decorator is applied again here because Transformers looks for it in the model's
-# own source file before it allows anything but "eager".
-@use_experts_implementation
-class GatedQwenExperts(Qwen3MoeExperts):
-    """`gate_up_proj: [E, 2 * moe_intermediate_size, hidden]`, `down_proj: [E, hidden, moe_intermediate_size]`.
-
-    forward(`hidden_states: [T, hidden]`, `top_k_index: [T, k]`, `top_k_weights: [T, k]`) -> `[T, hidden]`: the
-    sum over each token's k experts of `weight * down(act(gate(x)) * up(x))`.
-    """
-
-
-class GatedQwenTopKRouter(Qwen3MoeTopKRouter):
-    """`weight: [E, hidden]`. forward(`hidden_states: [T, hidden]`) -> `(logits [T, E], top_k_weights [T, k],
-    top_k_index [T, k])`: softmax over the E logits, the k largest probabilities (renormalised to sum to 1 when
-    `config.norm_topk_prob`)."""
-
-
-class GatedQwenSparseMoeBlock(nn.Module):
-    """The sparse feed-forward block: `gate` (the router) and `experts` as in Qwen3-MoE, and with
-    `config.shared_expert_intermediate_size > 0` Qwen3-Next's `shared_expert` scaled by
-    `sigmoid(shared_expert_gate(x))`."""
-
-    def __init__(self, config: GatedQwenConfig):
-        super().__init__()
-        self.gate = GatedQwenTopKRouter(config)
-        self.experts = GatedQwenExperts(config)
-        self.shared_expert = None
-        if config.shared_expert_intermediate_size > 0:
-            self.shared_expert = GatedQwenMLP(config, intermediate_size=config.shared_expert_intermediate_size)
-            self.shared_expert_gate = nn.Linear(config.hidden_size, 1, bias=False)
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """`hidden_states: [B, S, hidden]` -> `[B, S, hidden]`."""
-        batch_size, seq_len, hidden_size = hidden_states.shape
-        tokens = hidden_states.reshape(-1, hidden_size)
-        _, top_k_weights, top_k_index = self.gate(tokens)
-        output = self.experts(tokens, top_k_index, top_k_weights)
-        if self.shared_expert is not None:
-            output = output + torch.sigmoid(self.shared_expert_gate(tokens)) * self.shared_expert(tokens)
-        return output.reshape(batch_size, seq_len, hidden_size)
-
-
-def router_z_loss_func(
-    router_logits: tuple[torch.Tensor, ...], attention_mask: torch.Tensor | None = None
-) -> torch.Tensor:
-    """ST-MoE's router z-loss: the mean over tokens and sparse layers of `logsumexp(router logits)^2`.
-
-    `router_logits`: one `[B * S, E]` tensor per sparse layer; `attention_mask: [B, S]` (1 = token, 0 = padding)
-    leaves padding out of the mean. Returns a float32 scalar.
-    """
-    device = router_logits[0].device
-    log_z = torch.stack([torch.logsumexp(logits.to(device).float(), dim=-1) for logits in router_logits])  # [L, T]
-    z_loss = log_z.square()
-    if attention_mask is None:
-        return z_loss.mean()
-    mask = attention_mask.reshape(1, -1).to(device=device, dtype=z_loss.dtype)
-    return (z_loss * mask).sum() / (mask.sum() * z_loss.shape[0])
+class GatedQwenMLP(Qwen3MLP):
+    """Qwen3's SwiGLU MLP of width `config.intermediate_size`: `[B, S, hidden]` -> `[B, S, hidden]`."""
 
 
 class GatedQwenRotaryEmbedding(Qwen3RotaryEmbedding):
@@ -202,14 +133,14 @@ class GatedQwenAttention(Qwen3Attention):
 
 
 class GatedQwenDecoderLayer(GradientCheckpointingLayer):
-    def __init__(self, config: GatedQwenConfig, layer_idx: int):
+    """Qwen3's decoder layer with the gated attention. `mlp`: its feed-forward block, `[B, S, hidden]` ->
+    `[B, S, hidden]` (default: the SwiGLU `GatedQwenMLP`; the mixture of experts passes its sparse block)."""
+
+    def __init__(self, config: GatedQwenConfig, layer_idx: int, mlp: nn.Module | None = None):
         super().__init__()
         self.hidden_size = config.hidden_size
         self.self_attn = GatedQwenAttention(config=config, layer_idx=layer_idx)
-        if layer_idx in config.sparse_layers:
-            self.mlp = GatedQwenSparseMoeBlock(config)
-        else:
-            self.mlp = GatedQwenMLP(config)
+        self.mlp = GatedQwenMLP(config) if mlp is None else mlp
         self.input_layernorm = GatedQwenRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = GatedQwenRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
@@ -245,7 +176,7 @@ class GatedQwenDecoderLayer(GradientCheckpointingLayer):
 
 
 @dataclass
-class GatedQwenModelOutputWithPast(MoeModelOutputWithPast):
+class GatedQwenModelOutputWithPast(BaseModelOutputWithPast):
     r"""
     gate_logits (`tuple(torch.Tensor | None)`, returned with `output_gate_logits=True`):
         One entry per layer: the gate's logits (`[B, S, heads, width]`, or `[heads, width]` for the input-independent
@@ -256,7 +187,7 @@ class GatedQwenModelOutputWithPast(MoeModelOutputWithPast):
 
 
 @dataclass
-class GatedQwenCausalLMOutputWithPast(MoeCausalLMOutputWithPast):
+class GatedQwenCausalLMOutputWithPast(CausalLMOutputWithPast):
     r"""
     gate_logits (`tuple(torch.Tensor | None)`, returned with `output_gate_logits=True`):
         As in [`GatedQwenModelOutputWithPast`].
@@ -278,13 +209,19 @@ class GatedQwenPreTrainedModel(PreTrainedModel):
     _can_compile_fullgraph = True
     _supports_attention_backend = True
     _can_record_outputs = {
-        "router_logits": OutputRecorder(GatedQwenTopKRouter, index=0),
         "gate_logits": OutputRecorder(GatedQwenGate),
         "hidden_states": GatedQwenDecoderLayer,
         "attentions": GatedQwenAttention,
     }
 
     def __init__(self, config: GatedQwenConfig, *inputs, **kwargs):
+        if config.model_type != self.config_class.model_type:  # e.g. a mixture of experts given to a dense class
+            ours, theirs = self.config_class.__name__.removesuffix("Config"), type(config).__name__.removesuffix("Config")
+            raise ValueError(
+                f"{type(self).__name__} builds model_type {self.config_class.model_type!r} ({self.config_class.__name__})"
+                f"; this config is a {type(config).__name__} (model_type {config.model_type!r}): use "
+                f"{type(self).__name__.replace(ours, theirs, 1)}, or the Auto classes."
+            )
         super().__init__(config, *inputs, **kwargs)
         # Tags of the Hub card that `push_to_hub` writes (per instance: Transformers appends to this list).
         self.model_tags = ["gated-attention", "custom_code"]
@@ -292,8 +229,9 @@ class GatedQwenPreTrainedModel(PreTrainedModel):
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
         """Transformers' `from_pretrained`, which also reads the paper's release, stock Qwen3 / Qwen3-MoE and
-        Qwen3.5 / Qwen3-Next folders (see `GatedQwenConfig.get_config_dict`), refusing a folder that lacks a gate
-        tensor its config has rather than starting that gate at random. The loaded model saves as gated_qwen."""
+        Qwen3.5 / Qwen3-Next folders (see `GatedQwenConfig.get_config_dict`; a mixture of experts only through the
+        GatedQwenMoe* classes), refusing a folder that lacks a gate tensor its config has rather than starting that
+        gate at random. The loaded model saves in this package's format."""
         wants_info = kwargs.get("output_loading_info", False)
         token = LOAD_ERROR.set(None)
         try:
@@ -324,27 +262,29 @@ class GatedQwenPreTrainedModel(PreTrainedModel):
         super()._init_weights(module)
         if isinstance(module, GatedQwenGate) and hasattr(module, "logits"):
             init.zeros_(module.logits)  # the paper's input-independent gate starts at sigmoid(0) = 0.5
-        elif isinstance(module, GatedQwenExperts):
-            init.normal_(module.gate_up_proj, mean=0.0, std=self.config.initializer_range)
-            init.normal_(module.down_proj, mean=0.0, std=self.config.initializer_range)
-        elif isinstance(module, GatedQwenTopKRouter):
-            init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
 
 
 class GatedQwenModel(GatedQwenPreTrainedModel):
+    output_class = GatedQwenModelOutputWithPast  # what `forward` returns (the mixture of experts adds router logits)
+
     def __init__(self, config: GatedQwenConfig):
         super().__init__(config)
         self.padding_idx = config.pad_token_id
         self.vocab_size = config.vocab_size
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)
         self.layers = nn.ModuleList(
-            [GatedQwenDecoderLayer(config, layer_idx) for layer_idx in range(config.num_hidden_layers)]
+            [self.decoder_layer(config, layer_idx) for layer_idx in range(config.num_hidden_layers)]
         )
         self.norm = GatedQwenRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = GatedQwenRotaryEmbedding(config=config)
         self.gradient_checkpointing = False
         self.has_sliding_layers = "sliding_attention" in config.layer_types
         self.post_init()
+
+    @staticmethod
+    def decoder_layer(config: GatedQwenConfig, layer_idx: int) -> GatedQwenDecoderLayer:
+        """Decoder layer `layer_idx` (the mixture of experts gives its sparse layers their sparse block here)."""
+        return GatedQwenDecoderLayer(config, layer_idx)
 
     @merge_with_config_defaults
     @capture_outputs
@@ -360,8 +300,7 @@ class GatedQwenModel(GatedQwenPreTrainedModel):
         **kwargs: Unpack[TransformersKwargs],
     ) -> GatedQwenModelOutputWithPast:
         """`input_ids: [B, S]` (or `inputs_embeds: [B, S, hidden]`) -> `last_hidden_state: [B, S, hidden]`
-        (and `router_logits`, one `[B * S, num_experts]` per sparse layer, with `output_router_logits=True`;
-        `gate_logits`, one per layer, with `output_gate_logits=True`)."""
+        (and `gate_logits`, one per layer, with `output_gate_logits=True`)."""
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
         if inputs_embeds is None:
@@ -398,7 +337,7 @@ class GatedQwenModel(GatedQwenPreTrainedModel):
                 **kwargs,
             )
         hidden_states = self.norm(hidden_states)
-        return GatedQwenModelOutputWithPast(last_hidden_state=hidden_states, cache=cache if use_cache else None)
+        return self.output_class(last_hidden_state=hidden_states, cache=cache if use_cache else None)
 
 
 class GatedQwenForCausalLM(GatedQwenPreTrainedModel, GenerationMixin):
@@ -425,18 +364,11 @@ class GatedQwenForCausalLM(GatedQwenPreTrainedModel, GenerationMixin):
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
-        output_router_logits: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         **kwargs: Unpack[TransformersKwargs],
     ) -> GatedQwenCausalLMOutputWithPast:
         """`input_ids: [B, S]` -> `logits: [B, S, vocab]` (the last `logits_to_keep` positions if set), and the
-        shifted cross-entropy `loss` when `labels: [B, S]` are given.
-
-        With experts and `output_router_logits` (default: `config.output_router_logits`), also `router_logits` and
-        `aux_loss`, the load-balancing loss; with `labels`, `loss` then adds `router_aux_loss_coef * aux_loss` and
-        `router_z_loss_coef * router_z_loss_func(router_logits)`, as Qwen3-MoE does for the first term."""
-        if output_router_logits is None:
-            output_router_logits = self.config.output_router_logits
+        shifted cross-entropy `loss` when `labels: [B, S]` are given."""
         outputs: GatedQwenModelOutputWithPast = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -444,7 +376,6 @@ class GatedQwenForCausalLM(GatedQwenPreTrainedModel, GenerationMixin):
             cache=cache,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
-            output_router_logits=output_router_logits,
             **kwargs,
         )
         hidden_states = slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep)
@@ -452,27 +383,12 @@ class GatedQwenForCausalLM(GatedQwenPreTrainedModel, GenerationMixin):
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
-        aux_loss = None
-        if output_router_logits and outputs.router_logits:
-            # A 2-D padding mask covers the cached tokens too when decoding: keep the columns of this step's tokens.
-            seq_len = outputs.last_hidden_state.shape[1]
-            mask = attention_mask[:, -seq_len:] if attention_mask is not None and attention_mask.dim() == 2 else None
-            aux_loss = load_balancing_loss_func(
-                outputs.router_logits, self.config.num_experts, self.config.num_experts_per_tok, mask
-            )
-            if labels is not None:
-                loss = loss + self.config.router_aux_loss_coef * aux_loss.to(loss.device)
-                if self.config.router_z_loss_coef > 0:
-                    z_loss = router_z_loss_func(outputs.router_logits, mask)
-                    loss = loss + self.config.router_z_loss_coef * z_loss.to(loss.device)
         return GatedQwenCausalLMOutputWithPast(
             loss=loss,
-            aux_loss=aux_loss,
             logits=logits,
             cache=outputs.cache,
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
-            router_logits=outputs.router_logits,
             gate_logits=outputs.gate_logits,
         )
 
@@ -491,21 +407,17 @@ class GatedQwenForQuestionAnswering(GenericForQuestionAnswering, GatedQwenPreTra
 
 # Checkpoint names (what `save_pretrained` writes and `from_pretrained` reads): the gate's tensors keep the names
 # they have always had in gated_qwen folders, `self_attn.g_proj.*`, `self_attn.gate_logits` and
-# `self_attn.sdpa_norm.*`, while the model holds them in `self_attn.gate`; Qwen3-MoE's experts are stored one by
-# one (`mlp.experts.{e}.{gate,up,down}_proj.weight`), as on the Hub, and stacked when loaded; folders of other
-# formats (the paper's release, stock Qwen3, Qwen3.5, see checkpoint_formats.py) are read through converters that
-# leave a gated_qwen folder's tensors as they are. Transformers applies these when loading and reverses them when
-# saving; custom-code models get them only when registered like this.
+# `self_attn.sdpa_norm.*`, while the model holds them in `self_attn.gate`; folders of other formats (the paper's
+# release, stock Qwen3, Qwen3.5, see checkpoint_formats.py) are read through converters that leave a gated_qwen
+# folder's tensors as they are. Transformers applies these when loading and reverses them when saving; custom-code
+# models get them only when registered like this. The mixture of experts registers them too, with its experts'.
+GATE_RENAMINGS = [
+    WeightRenaming(r"self_attn\.g_proj\.", "self_attn.gate.g_proj."),
+    WeightRenaming(r"self_attn\.gate_logits", "self_attn.gate.logits"),
+    WeightRenaming(r"self_attn\.sdpa_norm\.", "self_attn.gate.sdpa_norm."),
+]
 register_checkpoint_conversion_mapping(
-    GatedQwenConfig.model_type,
-    [
-        WeightRenaming(r"self_attn\.g_proj\.", "self_attn.gate.g_proj."),
-        WeightRenaming(r"self_attn\.gate_logits", "self_attn.gate.logits"),
-        WeightRenaming(r"self_attn\.sdpa_norm\.", "self_attn.gate.sdpa_norm."),
-        *get_checkpoint_conversion_mapping("qwen3_moe"),
-        *CHECKPOINT_CONVERSIONS,
-    ],
-    overwrite=True,
+    GatedQwenConfig.model_type, [*GATE_RENAMINGS, *CHECKPOINT_CONVERSIONS], overwrite=True
 )
 
 

@@ -101,16 +101,22 @@ class Inputs:
 
 
 def _load_model(path: str, dtype: str, device: str):
-    """A gated_qwen folder, or one `GatedQwenForCausalLM.from_pretrained` reads directly (the paper's release, stock
-    Qwen3, Qwen3.5; other model types are refused with the reason)."""
+    """A gated_qwen or gated_qwen_moe folder, or one `from_pretrained` reads directly (the paper's release, stock
+    Qwen3 / Qwen3-MoE, Qwen3.5 / Qwen3-Next; other model types are refused with the reason), with the causal LM of
+    its kind: `GatedQwenForCausalLM`, or `GatedQwenMoeForCausalLM` for a mixture of experts."""
     import torch
+    from transformers import PreTrainedConfig
 
-    from .. import GatedQwenForCausalLM
+    from .. import GatedQwenForCausalLM, GatedQwenMoeForCausalLM
+    from ..checkpoint_formats import gated_config_dict
 
     if not (Path(path) / "config.json").is_file():
         raise ValueError(f"MODEL {path!r} is not a model folder (no config.json); pass a folder written by "
                          "save_pretrained.")
-    model = GatedQwenForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), attn_implementation="sdpa")
+    config_dict, _ = PreTrainedConfig.get_config_dict(path)
+    moe = gated_config_dict(config_dict)["model_type"] == GatedQwenMoeForCausalLM.config_class.model_type
+    causal_lm = GatedQwenMoeForCausalLM if moe else GatedQwenForCausalLM
+    model = causal_lm.from_pretrained(path, dtype=getattr(torch, dtype), attn_implementation="sdpa")
     return model.to(device).eval()
 
 

@@ -9,10 +9,10 @@ GatedQwen checkpoint. Formats:
   so that the logits do not change (`checkpoint_formats.added_gate_init` says what is done per variant).
 - `"qwen3_5"`: GatedQwen <-> Transformers' Qwen3.5 text model with every layer full attention; the import also
   reads Qwen3-Next checkpoints that are attention-only and dense.
-- `"qwen3_moe"`: stock Transformers Qwen3-MoE -> GatedQwen with experts, without a gate or with `add_gate` as for
-  `"qwen3"` (see `qwen3_moe.py`).
-- `"qwen3_next"`: GatedQwen (G1 sigmoid gate; with experts, a shared expert) <-> Qwen3-Next with every layer full
-  attention, dense or mixture-of-experts (see `qwen3_next.py`).
+- `"qwen3_moe"`: stock Transformers Qwen3-MoE -> GatedQwen-MoE (model_type `gated_qwen_moe`), without a gate or with
+  `add_gate` as for `"qwen3"` (see `qwen3_moe.py`).
+- `"qwen3_next"`: GatedQwen (G1 sigmoid gate), or GatedQwen-MoE with a shared expert, <-> Qwen3-Next with every layer
+  full attention, dense or mixture-of-experts (see `qwen3_next.py`).
 
 The formats are a registry (`formats.py`) from which `FROM_FORMATS`, `TO_FORMATS` and the command line's choices
 come. The layouts and config translations that `from_pretrained` reads too are defined once, in
@@ -42,20 +42,21 @@ from .verify import VERIFY_MAX_PARAMETERS, VERIFY_RTOL
 
 
 def _write_config(config, folder: Path, kind: str) -> None:
-    """config.json (for GatedQwen plus the modeling files, so the folder loads with `trust_remote_code=True`
-    without the package)."""
+    """config.json (for GatedQwen / GatedQwen-MoE plus the modeling files, so the folder loads with
+    `trust_remote_code=True` without the package)."""
     if kind == "release":
         from ..outputs import write_json
 
         write_json(folder / "config.json", config)
-    elif kind == "gated_qwen":
+    elif kind in ("gated_qwen", "gated_qwen_moe"):
         from transformers.dynamic_module_utils import custom_object_save
 
-        from .. import GatedQwenForCausalLM
+        from .formats import model_class
 
-        config.architectures = ["GatedQwenForCausalLM"]
+        causal_lm = model_class(kind)
+        config.architectures = [causal_lm.__name__]
         config.save_pretrained(folder)
-        custom_object_save(GatedQwenForCausalLM, folder)
+        custom_object_save(causal_lm, folder)
     else:
         config.save_pretrained(folder)
 
@@ -124,6 +125,7 @@ def convert(
     if add_gate is not None and (export or not fmt.takes_gate):
         gated = " and ".join(f"`--from {f}`" for f in FROM_FORMATS if FORMATS[f].takes_gate)
         raise ConversionError(f"--add-gate applies to {gated} only (stock checkpoints without a gate).")
+    from ..checkpoint_formats import legacy_moe_config_dict
     from .io import Checkpoint, carry_files, parse_size, write_weights
     from .structure import check_plan, check_source, check_written
 
@@ -133,8 +135,11 @@ def convert(
     with _refusals_as_conversion_errors(flag), output_folder(dst, inputs=[src], overwrite=overwrite, label="DST") as tmp:
         ckpt = Checkpoint(src, allow_pickle=allow_pickle)
         out_config, plan = _plan(fmt, export, ckpt, add_gate)
-        src_kind = "gated_qwen" if export else "release" if name == "release" else ckpt.config["model_type"]
-        result_kind = fmt.writes if export else "gated_qwen"
+        if export:  # a mixture of experts saved before it had its own model type is a gated_qwen_moe
+            src_kind = legacy_moe_config_dict(ckpt.config)["model_type"]
+        else:
+            src_kind = "release" if name == "release" else ckpt.config["model_type"]
+        result_kind = fmt.writes if export else out_config.model_type  # gated_qwen or gated_qwen_moe
         check_source(ckpt, src_kind)
         if verify is None:
             verify = ckpt.parameter_count <= VERIFY_MAX_PARAMETERS

@@ -8,7 +8,8 @@ from collections.abc import Callable
 
 import torch
 
-from ..configuration_gated import GatedQwenConfig
+from ..checkpoint_formats import legacy_moe_config_dict
+from ..configuration_gated import GatedQwenConfig, GatedQwenMoeConfig
 from .io import Checkpoint, ConversionError, TensorPlan
 
 # RMSNorm weights of a Qwen3 decoder, relative to `model.` (Qwen3.5 / Qwen3-Next store all of them zero-centred).
@@ -17,20 +18,21 @@ FINAL_NORM = "model.norm.weight"
 
 
 def load_gated_config(ckpt: Checkpoint) -> GatedQwenConfig:
-    """The GatedQwenConfig of a gated_qwen folder; refuses other model types and mixture-of-experts models."""
-    model_type = ckpt.config.get("model_type")
+    """The GatedQwenConfig of a dense gated_qwen folder; refuses other model types and mixture-of-experts models
+    (gated_qwen_moe, or gated_qwen with experts as saved before that model type existed)."""
+    cfg = legacy_moe_config_dict(ckpt.config)
+    model_type = cfg.get("model_type")
+    if model_type == GatedQwenMoeConfig.model_type:
+        raise ConversionError(
+            f"SRC is a mixture-of-experts GatedQwen (num_experts={cfg.get('num_experts')!r}); this converter handles "
+            "dense models only."
+        )
     if model_type != GatedQwenConfig.model_type:
         raise ConversionError(
             f"SRC {str(ckpt.folder)!r} has model_type={model_type!r}; `--to` converts a gated_qwen checkpoint "
             "(model_type='gated_qwen'). To import this one use `--from` with its format."
         )
-    config = GatedQwenConfig.from_dict(ckpt.config)
-    if getattr(config, "num_experts", 0):
-        raise ConversionError(
-            f"SRC is a mixture-of-experts GatedQwen (num_experts={config.num_experts}); this converter handles dense "
-            "models only."
-        )
-    return config
+    return GatedQwenConfig.from_dict(cfg)
 
 
 class TensorMap:
@@ -160,11 +162,8 @@ def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> TensorPlan:
 
 
 def check_g1_sigmoid(config: GatedQwenConfig, target: str) -> None:
-    """Refuses gates that a format with a per-head `attn * sigmoid(x W)` gate (Qwen3.5, the release) cannot hold."""
-    if getattr(config, "num_experts", 0):
-        raise ConversionError(
-            f"{target} is dense; SRC is a mixture-of-experts model (num_experts={config.num_experts})."
-        )
+    """Refuses gates that a format with a per-head `attn * sigmoid(x W)` gate (Qwen3.5, the release) cannot hold
+    (`config`: a dense one, from `load_gated_config`)."""
     if config.sdpa_output_transform is not None:
         raise ConversionError(
             f"{target} has no equivalent of sdpa_output_transform={config.sdpa_output_transform!r} (the paper's "

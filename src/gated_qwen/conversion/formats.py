@@ -47,6 +47,7 @@ TO_FORMATS = tuple(name for name, f in FORMATS.items() if f.export_planner)
 # Model kind -> the class that reads it (`module:class`), for the structural check and `--verify`.
 MODEL_CLASSES = {
     "gated_qwen": "gated_qwen:GatedQwenForCausalLM",
+    "gated_qwen_moe": "gated_qwen:GatedQwenMoeForCausalLM",
     "qwen3": "transformers:Qwen3ForCausalLM",
     "qwen3_moe": "transformers:Qwen3MoeForCausalLM",
     "qwen3_5_text": "transformers:Qwen3_5ForCausalLM",

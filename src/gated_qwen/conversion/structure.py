@@ -3,9 +3,9 @@
 - The source holds every tensor the model its config.json describes has, each with the shape that config implies
   (`check_source`), so that a shape mismatch is refused with the tensor's name before anything is computed.
 - The plan writes every parameter the target model has exactly once, with the shape the *written* config.json
-  implies, and nothing else (`check_plan`); the model is built on the `meta` device from that config: GatedQwen,
-  or for an export the stock Transformers class of the format (the release layout: Qwen3's with the gate rows packed
-  into `q_proj`, `release.release_tensor_shapes`).
+  implies, and nothing else (`check_plan`); the model is built on the `meta` device from that config: GatedQwen or
+  GatedQwen-MoE, or for an export the stock Transformers class of the format (the release layout: Qwen3's with the
+  gate rows packed into `q_proj`, `release.release_tensor_shapes`).
 - The files written hold exactly the plan (`check_written`: names, shapes and dtypes from the safetensors headers
   and the index).
 

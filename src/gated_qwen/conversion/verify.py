@@ -1,9 +1,10 @@
 """`--verify`: run the source and the converted model on a few sequences and compare their logits.
 
 Both run in float32 with eager attention, each through its own reference implementation: the stock Transformers
-class of its format (`Qwen3ForCausalLM`, `Qwen3_5ForCausalLM`, `Qwen3NextForCausalLM`), `GatedQwenForCausalLM`, or
-for the paper's release format `release.release_logits` (the official forward, written from its layout). A source
-that already produces NaN or infinite logits is reported as such, not as a conversion difference.
+class of its format (`Qwen3ForCausalLM`, `Qwen3MoeForCausalLM`, `Qwen3_5ForCausalLM`, `Qwen3NextForCausalLM`),
+`GatedQwenForCausalLM` / `GatedQwenMoeForCausalLM`, or for the paper's release format `release.release_logits` (the
+official forward, written from its layout). A source that already produces NaN or infinite logits is reported as
+such, not as a conversion difference.
 """
 
 from __future__ import annotations
