@@ -43,7 +43,8 @@ LATEST := .venv-latest
 test-latest:
 	rm -rf $(LATEST) && $(PYTHON) -m venv $(LATEST)
 	$(call PIP,$(LATEST)) $(TORCH_INDEX) -r requirements/torch-$(if $(HAS_GPU),cuda,cpu).txt $(QUIET)
-	$(call PIP,$(LATEST)) --upgrade --upgrade-strategy eager -e ".[$(EXTRAS)]" $(QUIET)
+	$(call PIP,$(LATEST)) --upgrade --upgrade-strategy eager -c requirements/torch-$(if $(HAS_GPU),cuda,cpu).txt \
+		-e ".[$(EXTRAS)]" $(QUIET)
 	$(LATEST)/bin/python -c "$(IMPORTS)"
 	$(LATEST)/bin/python -m pip freeze --exclude-editable > $(LATEST)/freeze.txt
 	$(call PYTEST,$(LATEST))
