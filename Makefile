@@ -10,7 +10,7 @@ PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 TORCH   := $(if $(HAS_GPU),torch,torch==2.13.0)
 
-.PHONY: setup test test-fast demo lint clean
+.PHONY: setup test test-fast demo lint clean gpu-check
 
 setup: $(STAMP)
 
@@ -33,6 +33,11 @@ test-fast: $(STAMP)
 # Each run writes a new folder, so a second `make demo` never meets (or overwrites) the first one's results.
 demo: $(STAMP)
 	$(VENV)/bin/gated-qwen reproduce --out runs/demo-$(shell date +%Y%m%d-%H%M%S)
+
+# On a lent CUDA GPU: correctness over the kernel grid, TFLOP/s vs SDPA + gate, end-to-end gated_triton vs sdpa
+# (at most 8 minutes on an H200); results.json and results.md in a new folder.
+gpu-check: $(STAMP)
+	$(PY) benchmarks/gpu_check.py --out runs/gpu-check-$(shell date +%Y%m%d-%H%M%S)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

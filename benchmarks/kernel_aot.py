@@ -20,7 +20,7 @@ blocks), written anew here with pointer loads instead of the tutorial's tensor d
 
     python benchmarks/kernel_aot.py --out DIR            # full grid, both architectures (tens of minutes on 2 cores)
     python benchmarks/kernel_aot.py --grid representative --arch 90 --jobs 2
-    python benchmarks/kernel_aot.py --grid representative --json rows.json   # what tests/test_kernel_aot.py runs
+    python benchmarks/kernel_aot.py --grid production --arch 90 --no-anchor --json rows.json   # tests/test_kernel_aot.py
 
 Exit status 0 when every compilation passes every check, 1 otherwise, 2 on bad arguments.
 """
@@ -75,15 +75,22 @@ def full_grid() -> list[Case]:
         if not (m == "decode" and not c)]  # one query against a cache: causal and full are the same launch
 
 
+def production_grid() -> list[Case]:
+    """The shape the model runs most: D=128, bf16, causal, elementwise G1 gate, forward and backward."""
+    return [Case(128, "bf16", True, "elementwise", "dense")]
+
+
 def representative_grid() -> list[Case]:
-    """Every factor of the full grid at least once, the production shape (D=128, bf16, causal, elementwise) with
-    both passes; small enough to compile every tuner configuration of it for two architectures within a minute on
-    two cores (tests/test_kernel_aot.py)."""
-    return [
-        Case(128, "bf16", True, "elementwise", "dense"),
-        Case(64, "fp16", False, "headwise", "varlen", passes="forward"),
-        Case(256, "bf16", True, None, "decode", passes="forward"),
+    """Every level of every factor of the full grid at least once (head dims, dtypes, masks, gate kinds, layouts,
+    both passes), each with every tuner configuration (tests/test_kernel_aot.py)."""
+    return production_grid() + [
+        Case(64, "fp16", False, "headwise", "varlen"),
+        Case(256, "bf16", True, None, "dense"),
+        Case(128, "fp16", True, "elementwise", "decode", passes="forward"),
     ]
+
+
+GRIDS = {"full": full_grid, "representative": representative_grid, "production": production_grid}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -545,7 +552,7 @@ def config_table(rows: list[dict]) -> str:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--grid", choices=["full", "representative"], default="full")
+    p.add_argument("--grid", choices=sorted(GRIDS), default="full")
     p.add_argument("--arch", type=int, nargs="+", choices=sorted(ARCHS), default=sorted(ARCHS))
     p.add_argument("--head-dims", type=int, nargs="+", choices=(64, 128, 256), default=None,
                    help="restrict the grid to these head dims")
@@ -568,7 +575,7 @@ def main(argv=None) -> int:
     if triton is None:
         print("kernel_aot.py: error: Triton is not installed (pip install -e '.[triton]')", file=sys.stderr)
         return 2
-    cases = full_grid() if args.grid == "full" else representative_grid()
+    cases = GRIDS[args.grid]()
     if args.head_dims:
         cases = [c for c in cases if c.head_dim in args.head_dims]
     started = time.perf_counter()

@@ -37,6 +37,8 @@ from .gated_attention_prologue import (
 )
 
 AUTOTUNE_KEY = ["HEAD_DIM", "CAUSAL", "IS_VARLEN", "SEQ_BUCKET_Q", "SEQ_BUCKET_K"]
+# Head dims above this get dK and dV in two passes of the dK/dV kernel (PART 1 and 2).
+MAX_FUSED_DKDV_BLOCK_D = 128
 # Rows per preprocess program: three fp32 [rows, BLOCK_D] tiles stay within the registers of four warps.
 PREPROCESS_ELEMENTS = 4096
 
@@ -88,39 +90,8 @@ def preprocess_kernel(
                  + offs_d[None, :] * da_strides[3], da.to(DA.dtype.element_ty), mask=mask)
 
 
-@triton.jit
-def _accumulate_dkdv(dk, dv, k, v, q_ptr, da_ptr, lse_ptr, delta_ptr, q_strides, da_strides, lo, hi, cols, offs_m,
-                     offs_d, q_len, diag, qk_scale, MASK: tl.constexpr, UPCAST: tl.constexpr, HEAD_DIM: tl.constexpr,
-                     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Add the contributions of query blocks [lo, hi) to `dk`, `dv` `[BLOCK_N, BLOCK_D]` of the key tile `k`, `v`.
-    MASK: the blocks cross the causal diagonal (key `cols` against query rows, `diag = k_len - q_len`)."""
-    q_tile = offs_m[:, None] * q_strides[1] + offs_d[None, :] * q_strides[3]
-    da_tile = offs_m[:, None] * da_strides[1] + offs_d[None, :] * da_strides[3]
-    for start_m in range(lo, hi, BLOCK_M):
-        rows = start_m + offs_m
-        row_mask = rows < q_len
-        mask = tile_mask(row_mask, offs_d, HEAD_DIM, BLOCK_D)
-        start = tl.cast(start_m, tl.int64)
-        q = tl.load(q_ptr + start * q_strides[1] + q_tile, mask=mask, other=0.0)
-        da = tl.load(da_ptr + start * da_strides[1] + da_tile, mask=mask, other=0.0)
-        if UPCAST:
-            q = q.to(tl.float32)
-            da = da.to(tl.float32)
-        # Rows past the end (and rows that saw no key) carry lse = +inf, hence p = 0.
-        lse = tl.load(lse_ptr + rows, mask=row_mask, other=float("inf"))
-        delta = tl.load(delta_ptr + rows, mask=row_mask, other=0.0)
-        p_t = tl.exp2(tl.dot(k, tl.trans(q)) * qk_scale - lse[None, :])  # [BLOCK_N, BLOCK_M]
-        if MASK:
-            p_t = tl.where(cols[:, None] <= rows[None, :] + diag, p_t, 0.0)
-        dv += tl.dot(p_t.to(da.dtype), da)
-        dp_t = tl.dot(v, tl.trans(da))
-        ds_t = p_t * (dp_t - delta[None, :])
-        dk += tl.dot(ds_t.to(q.dtype), q)
-    return dk, dv
-
-
 @triton.heuristics(flag_heuristics(gate=None))
-@triton.autotune(configs=autotune_configs("backward_dkdv"), key=AUTOTUNE_KEY,
+@triton.autotune(configs=autotune_configs("backward_dkdv"), key=AUTOTUNE_KEY + ["PART"],
                  prune_configs_by={"early_config_prune": prune_configs("backward_dkdv")})
 @triton.jit
 def dkdv_kernel(
@@ -128,11 +99,14 @@ def dkdv_kernel(
     q_strides, k_strides, v_strides, da_strides, dk_strides, dv_strides, lse_strides,
     n_batch, seqlen_q, seqlen_k, group, qk_scale, sm_scale,
     SEQ_BUCKET_Q, SEQ_BUCKET_K,  # read by the autotuner only (its key)
-    HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
+    HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, PART: tl.constexpr,
     BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """One program per (key block, sequence, key/value head): loops over the group's query heads."""
+    """One program per (key block, sequence, key/value head): loops over the group's query heads.
+
+    PART: 0 computes dK and dV; 1 only dK, 2 only dV (a 256-wide head dim launches both: one fp32 accumulator per
+    pass fits the registers, two do not)."""
     pid_n, b, hk = program_coords(n_batch, False)
     q_start, q_len, k_start, k_len = sequence_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, IS_VARLEN)
     n0 = pid_n * BLOCK_N
@@ -146,41 +120,54 @@ def dkdv_kernel(
     kv_mask = tile_mask(cols < k_len, offs_d, HEAD_DIM, BLOCK_D)
     k = tl.load(K + row_offset(k_strides, b, first_key, hk) + offs_n[:, None] * k_strides[1]
                 + offs_d[None, :] * k_strides[3], mask=kv_mask, other=0.0)
-    v = tl.load(V + row_offset(v_strides, b, first_key, hk) + offs_n[:, None] * v_strides[1]
-                + offs_d[None, :] * v_strides[3], mask=kv_mask, other=0.0)
     if UPCAST:
         k = k.to(tl.float32)
-        v = v.to(tl.float32)
-    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    if PART != 2:
+        v = tl.load(V + row_offset(v_strides, b, first_key, hk) + offs_n[:, None] * v_strides[1]
+                    + offs_d[None, :] * v_strides[3], mask=kv_mask, other=0.0)
+        if UPCAST:
+            v = v.to(tl.float32)
+        dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    if PART != 1:
+        dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
 
+    # One flat loop over (query head of the group, query block): nested loops would keep a second set of pipeline
+    # state live and push the tile past the register file. Under a causal mask the blocks start at the first query
+    # row that sees a key of this block (query row i sees key j iff j <= i + k_len - q_len).
     diag = k_len - q_len
-    if CAUSAL:
-        # Query row i sees key j iff i >= j - diag; it sees the whole key block iff i >= n0 + BLOCK_N - 1 - diag.
-        lo = tl.maximum(n0 - diag, 0) // BLOCK_M * BLOCK_M
-        mid = tl.cdiv(tl.maximum(n0 + BLOCK_N - 1 - diag, 0), BLOCK_M) * BLOCK_M
-        mask_hi = tl.minimum(mid, q_len)
-    else:
-        lo = 0
-        mid = 0
-        mask_hi = 0
-    for g in range(group):
-        h = hk * group + g
-        q_ptr = Q + row_offset(q_strides, b, q_start, h)
-        da_ptr = DA + row_offset(da_strides, b, q_start, h)
-        lse_ptr = Lse + lse_offset(lse_strides, b, q_start, h)
-        delta_ptr = Delta + lse_offset(lse_strides, b, q_start, h)
-        dk, dv = _accumulate_dkdv(dk, dv, k, v, q_ptr, da_ptr, lse_ptr, delta_ptr, q_strides, da_strides, lo,
-                                  mask_hi, cols, offs_m, offs_d, q_len, diag, qk_scale, True, UPCAST, HEAD_DIM, BLOCK_D,
-                                  BLOCK_M)
-        dk, dv = _accumulate_dkdv(dk, dv, k, v, q_ptr, da_ptr, lse_ptr, delta_ptr, q_strides, da_strides, mid,
-                                  q_len, cols, offs_m, offs_d, q_len, diag, qk_scale, False, UPCAST, HEAD_DIM, BLOCK_D,
-                                  BLOCK_M)
-    dk = dk * sm_scale
-    tl.store(DK + row_offset(dk_strides, b, first_key, hk) + offs_n[:, None] * dk_strides[1]
-             + offs_d[None, :] * dk_strides[3], dk.to(DK.dtype.element_ty), mask=kv_mask)
-    tl.store(DV + row_offset(dv_strides, b, first_key, hk) + offs_n[:, None] * dv_strides[1]
-             + offs_d[None, :] * dv_strides[3], dv.to(DV.dtype.element_ty), mask=kv_mask)
+    lo = tl.maximum(n0 - diag, 0) // BLOCK_M * BLOCK_M if CAUSAL else 0
+    steps = tl.cdiv(tl.maximum(q_len - lo, 0), BLOCK_M)
+    q_tile = offs_m[:, None] * q_strides[1] + offs_d[None, :] * q_strides[3]
+    da_tile = offs_m[:, None] * da_strides[1] + offs_d[None, :] * da_strides[3]
+    for i in range(0, group * steps):
+        h = hk * group + i // steps
+        start_m = lo + (i % steps) * BLOCK_M
+        rows = start_m + offs_m
+        row_mask = rows < q_len
+        mask = tile_mask(row_mask, offs_d, HEAD_DIM, BLOCK_D)
+        first_row = q_start + start_m
+        q = tl.load(Q + row_offset(q_strides, b, first_row, h) + q_tile, mask=mask, other=0.0)
+        da = tl.load(DA + row_offset(da_strides, b, first_row, h) + da_tile, mask=mask, other=0.0)
+        if UPCAST:
+            q = q.to(tl.float32)
+            da = da.to(tl.float32)
+        # Rows past the end (and rows that saw no key) carry lse = +inf, hence p = 0.
+        lse = tl.load(Lse + lse_offset(lse_strides, b, first_row, h) + offs_m, mask=row_mask, other=float("inf"))
+        p_t = tl.exp2(tl.dot(k, tl.trans(q)) * qk_scale - lse[None, :])  # [BLOCK_N, BLOCK_M]
+        if CAUSAL:
+            p_t = tl.where(cols[:, None] <= rows[None, :] + diag, p_t, 0.0)
+        if PART != 1:
+            dv += tl.dot(p_t.to(da.dtype), da)
+        if PART != 2:
+            delta = tl.load(Delta + lse_offset(lse_strides, b, first_row, h) + offs_m, mask=row_mask, other=0.0)
+            ds_t = p_t * (tl.dot(v, tl.trans(da)) - delta[None, :])
+            dk += tl.dot(ds_t.to(q.dtype), q)
+    if PART != 2:
+        tl.store(DK + row_offset(dk_strides, b, first_key, hk) + offs_n[:, None] * dk_strides[1]
+                 + offs_d[None, :] * dk_strides[3], (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
+    if PART != 1:
+        tl.store(DV + row_offset(dv_strides, b, first_key, hk) + offs_n[:, None] * dv_strides[1]
+                 + offs_d[None, :] * dv_strides[3], dv.to(DV.dtype.element_ty), mask=kv_mask)
 
 
 @triton.jit
@@ -297,8 +284,10 @@ def backward(dy, q, k, v, gate, out, lse, causal, scale, cu_seqlens_q, cu_seqlen
         sm_scale=scale, SEQ_BUCKET_Q=seq_bucket(max_seqlen_q), SEQ_BUCKET_K=seq_bucket(max_seqlen_k),
         HEAD_DIM=head_dim, CAUSAL=causal,
     )
-    dkdv_kernel[lambda meta: grid_2d(triton.cdiv(max_seqlen_k, meta["BLOCK_N"]), n_batch, h_kv)](
-        DK=dk, DV=dv, dk_strides=strides4(dk, packed), dv_strides=strides4(dv, packed), **shared)
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    for part in (0,) if block_d <= MAX_FUSED_DKDV_BLOCK_D else (1, 2):
+        dkdv_kernel[lambda meta: grid_2d(triton.cdiv(max_seqlen_k, meta["BLOCK_N"]), n_batch, h_kv)](
+            DK=dk, DV=dv, dk_strides=strides4(dk, packed), dv_strides=strides4(dv, packed), PART=part, **shared)
     dq_kernel[lambda meta: grid_2d(triton.cdiv(max_seqlen_q, meta["BLOCK_M"]), n_batch, h_q)](
         DQ=dq, dq_strides=strides4(dq, packed), **shared)
     return dq, dk, dv, dgate

@@ -15,7 +15,8 @@ The kernel is trusted only after it has checked itself. `GATED_QWEN_KERNEL` choo
   off              never the kernel: SDPA + a separate sigmoid gate.
 Where the kernel cannot run at all (no Triton; CPU tensors without TRITON_INTERPRET; fp32 on a GPU) the same SDPA
 path is used, with one warning giving the reason. Under `torch.compile` no check runs: a combination checked by an
-earlier eager call keeps its verdict, an unchecked one uses the kernel.
+earlier eager call keeps its verdict, an unchecked one uses the kernel; packed sequences must arrive as
+`cu_seq_lens_*` there (restarting `position_ids` are found only in eager mode).
 
 Importing this module registers the backend. It is copied to the Hugging Face Hub beside `modeling_gated.py`:
 relative imports only.
@@ -180,7 +181,9 @@ def gated_triton_attention_forward(
         cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
         max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
         position_ids = kwargs.get("position_ids")
-        if cu_q is None and position_ids is not None and q_len > 1 and q_len == k.shape[1]:
+        # Finding restarts in position_ids is data-dependent: not done under torch.compile (pass cu_seq_lens there).
+        if (cu_q is None and position_ids is not None and q_len > 1 and q_len == k.shape[1]
+                and not torch.compiler.is_compiling()):
             found = _varlen_from_position_ids(position_ids, batch, q_len)
             if found is not None:
                 cu_q, max_q = found
