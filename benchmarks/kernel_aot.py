@@ -47,8 +47,10 @@ except ImportError:  # main() refuses with a message
 
 ARCHS = {
     80: {"name": "sm_80 (A100)", "smem": 166_912},
+    86: {"name": "sm_86 (A10, RTX 30xx; the 'small' tiles)", "smem": 101_376},
     90: {"name": "sm_90 (H100/H200)", "smem": 232_448},
 }
+DEFAULT_ARCHS = [80, 90]
 KERNELS = ("forward", "preprocess", "dkdv", "dq", "decode_split", "decode_combine")
 
 
@@ -294,7 +296,7 @@ def judge(row: dict) -> list[str]:
         problems.append(f"register spills ({row['spill_bytes']} B)")
     if row["arch"] >= 90 and row["dots"] and row["mma"] != 3:
         problems.append(f"MMA v{row['mma']} instead of wgmma (v3)")
-    if row["arch"] == 80 and row["dots"] and row["mma"] != 2:
+    if row["arch"] < 90 and row["dots"] and row["mma"] != 2:
         problems.append(f"MMA v{row['mma']} instead of mma.sync (v2)")
     if row["atomics"]:
         problems.append("uses atomics")
@@ -553,7 +555,7 @@ def config_table(rows: list[dict]) -> str:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--grid", choices=sorted(GRIDS), default="full")
-    p.add_argument("--arch", type=int, nargs="+", choices=sorted(ARCHS), default=sorted(ARCHS))
+    p.add_argument("--arch", type=int, nargs="+", choices=sorted(ARCHS), default=DEFAULT_ARCHS)
     p.add_argument("--head-dims", type=int, nargs="+", choices=(64, 128, 256), default=None,
                    help="restrict the grid to these head dims")
     p.add_argument("--no-anchor", action="store_true", help="skip the tutorial anchor")

@@ -99,9 +99,11 @@ def test_dense_matrix(causal, heads, gate_kind):
     assert_matches(*make_inputs(1, 100, 100, h_q, h_kv, 64, gate_kind), causal=causal)
 
 
-@pytest.mark.parametrize("d", [pytest.param(128, marks=pytest.mark.slow), 96, pytest.param(32, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("d", [pytest.param(128, marks=pytest.mark.slow), 96, pytest.param(32, marks=pytest.mark.slow),
+                               256])
 def test_other_head_dims(d):
-    """128 is the main target; 96 and 32 exercise the padded head-dim path (BLOCK_D > D, or D < 64)."""
+    """128 is the main target; 96 and 32 exercise the padded head-dim path (BLOCK_D > D, or D < 64); 256 computes
+    dK and dV in two passes of the dK/dV kernel."""
     assert_matches(*make_inputs(1, 80, 80, 4, 2, d, "elementwise"), causal=True)
 
 
@@ -390,7 +392,7 @@ def test_ragged_loads_are_masked(monkeypatch):
     assert torch.isfinite(out1).all() and rel_err(out1, ref1) <= TOL[torch.float32]
 
 
-@pytest.mark.parametrize("splits", [1, 7, 70])
+@pytest.mark.parametrize("splits", [pytest.param(1, marks=pytest.mark.slow), pytest.param(7, marks=pytest.mark.slow), 70])
 def test_split_kv_decode_merges_chunks_exactly(monkeypatch, splits):
     """4000 cached keys, logits spread over about ±60 (base-2 weights between 2**-120 and 1), merged from 1, 7 or 70
     chunks (the last ones empty): equals the fp64 reference to fp32 rounding."""

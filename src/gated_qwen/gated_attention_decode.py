@@ -9,6 +9,8 @@ backward needs. A single query row sees every key under bottom-right causal alig
 Imported only where Triton is installed.
 """
 
+import functools
+
 import torch
 
 from .gated_attention_common import INTERPRET, LOG2E, flag_heuristics, grid_2d, lse_strides, strides4, tl, triton
@@ -128,12 +130,16 @@ def decode_block_n(head_dim: int) -> int:
     return 128 if head_dim <= 128 else 64
 
 
+@functools.lru_cache
+def _multiprocessors(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
 def num_splits(q: torch.Tensor, n_batch: int, h_kv: int, max_seqlen_k: int, block_n: int) -> int:
     """Split the keys until the grid fills the GPU about twice (at least one key block per split)."""
     n_blocks = max(1, triton.cdiv(max_seqlen_k, block_n))
     if q.is_cuda:
-        target = triton.cdiv(2 * torch.cuda.get_device_properties(q.device).multi_processor_count,
-                             max(1, n_batch * h_kv))
+        target = triton.cdiv(2 * _multiprocessors(q.device.index or 0), max(1, n_batch * h_kv))
     else:
         target = 4  # the interpreter: small, but enough to exercise the merge of several chunks in tests
     return int(max(1, min(n_blocks, target, MAX_SPLITS)))
