@@ -1,34 +1,68 @@
 # `make test` and `make demo` set everything up on a fresh machine (a .venv in this folder), then run.
+# The environment comes from a committed lock file (requirements/cpu.lock, or requirements/cuda.lock where an NVIDIA
+# GPU answers), so a fresh clone installs what the tests last passed with, whatever the package index serves today.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
+PIP     = $(1)/bin/python -m pip install --quiet --disable-pip-version-check
+EXTRAS := triton,peft,analysis,dev
+IMPORTS := import torch, transformers, gated_qwen, peft, triton, hypothesis, matplotlib
 
-# On a machine with an NVIDIA GPU take the default (CUDA) torch; everywhere else the CPU build that pip
-# finds on local disk (asking for any other version would pull a multi-GB CUDA build).
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
-TORCH   := $(if $(HAS_GPU),torch,torch==2.13.0)
+LOCK    := requirements/$(if $(HAS_GPU),cuda,cpu).lock
+# Where pip finds the CPU build of torch (a local version, `+cpu`): this machine's pip configuration has a wheel
+# folder; elsewhere run e.g. `make test TORCH_INDEX=--extra-index-url=https://download.pytorch.org/whl/cpu`.
+TORCH_INDEX ?=
+# pip warns about every missing folder of the machine's configured package mirrors; those lines say nothing.
+QUIET := 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
 
-.PHONY: setup test test-fast demo lint clean gpu-check
+.PHONY: setup test test-fast test-latest demo lint lock clean gpu-check
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): $(LOCK) pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) "$(TORCH)" 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
-	$(PIP) -e ".[triton,peft,analysis,dev]" 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
-	$(PY) -c "import torch, transformers, gated_qwen, peft, triton, hypothesis, matplotlib"
+	$(call PIP,$(VENV)) $(TORCH_INDEX) -r $(LOCK) $(QUIET)
+	$(call PIP,$(VENV)) --no-deps --no-build-isolation -e . $(QUIET)
+	$(PY) -c "$(IMPORTS)"
 	touch $(STAMP)
 
 # Two worker processes (pytest-xdist), one file each at a time, one thread each (tests/conftest.py).
-PYTEST := $(PY) -m pytest -q -n 2 --dist loadfile
+PYTEST = $(1)/bin/python -m pytest -q -n 2 --dist loadfile
 
 test: $(STAMP)
-	$(PYTEST)
+	$(call PYTEST,$(VENV))
 
 test-fast: $(STAMP)
-	$(PYTEST) -m "not slow"
+	$(call PYTEST,$(VENV)) -m "not slow"
+
+# The same suite against the newest releases pyproject.toml allows (torch stays the build of the lock: any other
+# version pulls a multi-GB CUDA build on a CPU machine). Run it on purpose to find drift before `make lock`.
+LATEST := .venv-latest
+test-latest:
+	rm -rf $(LATEST) && $(PYTHON) -m venv $(LATEST)
+	$(call PIP,$(LATEST)) $(TORCH_INDEX) -r requirements/torch-$(if $(HAS_GPU),cuda,cpu).txt $(QUIET)
+	$(call PIP,$(LATEST)) --upgrade --upgrade-strategy eager -e ".[$(EXTRAS)]" $(QUIET)
+	$(LATEST)/bin/python -c "$(IMPORTS)"
+	$(LATEST)/bin/python -m pip freeze --exclude-editable > $(LATEST)/freeze.txt
+	$(call PYTEST,$(LATEST))
+
+# Rewrites both lock files from pyproject.toml with the newest releases it allows (uv's resolver, in a tools venv).
+# Then `make test` (and `make test-latest` passed) before committing the new locks.
+TOOLS := .venv-tools
+UV    := $(TOOLS)/bin/uv
+comma := ,
+LOCK_FLAGS := $(foreach e,$(subst $(comma), ,$(EXTRAS)),--extra $(e)) --python-version 3.11 --quiet
+$(UV):
+	$(PYTHON) -m venv $(TOOLS)
+	$(call PIP,$(TOOLS)) uv==0.13.9 $(QUIET)
+
+lock: $(UV)
+	$(UV) pip compile pyproject.toml requirements/build.in $(LOCK_FLAGS) --override requirements/torch-cpu.txt \
+		$(or $(TORCH_INDEX),--find-links=/opt/wheels) -o requirements/cpu.lock
+	$(UV) pip compile pyproject.toml requirements/build.in $(LOCK_FLAGS) --override requirements/torch-cuda.txt \
+		--python-platform x86_64-manylinux_2_28 -o requirements/cuda.lock
 
 # Each run writes a new folder, so a second `make demo` never meets (or overwrites) the first one's results.
 demo: $(STAMP)
@@ -43,4 +77,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(LATEST) $(TOOLS) build src/*.egg-info .pytest_cache .hypothesis

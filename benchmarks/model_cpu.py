@@ -128,7 +128,7 @@ def qwen3_5_to_g1(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str,
     """Qwen3.5 (all full attention) -> GatedQwen G1 elementwise.
 
     Qwen3.5's `q_proj` rows are laid out per head as `[q_h | gate_h]` (`[H * 2D, hidden]`): split into `q_proj`
-    (`[H * D, hidden]`) and `g_proj` (`[H * D, hidden]`). Qwen3.5's RMSNorms are zero-centred (`x_hat * (1 + w)`),
+    (`[H * D, hidden]`) and the gate's `gate.g_proj` (`[H * D, hidden]`). Qwen3.5's RMSNorms are zero-centred (`x_hat * (1 + w)`),
     GatedQwen's are not (`x_hat * w`): every norm weight becomes `1 + w`.
     """
     heads, head_dim = model.config.num_attention_heads, model.config.head_dim
@@ -137,7 +137,7 @@ def qwen3_5_to_g1(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str,
         if name.endswith("self_attn.q_proj.weight"):
             per_head = tensor.view(heads, 2, head_dim, -1)
             out[name] = per_head[:, 0].reshape(heads * head_dim, -1).clone()
-            out[name.replace("q_proj", "g_proj")] = per_head[:, 1].reshape(heads * head_dim, -1).clone()
+            out[name.replace("q_proj", "gate.g_proj")] = per_head[:, 1].reshape(heads * head_dim, -1).clone()
         elif name.endswith("norm.weight"):
             out[name] = 1.0 + tensor
         else:

@@ -1,15 +1,31 @@
-"""Helpers shared by the test modules (importable because pytest puts tests/ on sys.path)."""
+"""Helpers shared by the test modules (importable because pytest puts tests/ on sys.path): the tiny model sizes
+and the weight randomiser. Test files take a size from here and override only what their check is about."""
 
 import torch
 
+# The smallest shape that still has GQA (2 query heads per kv head) and more than one layer.
+TINY = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=8, max_position_embeddings=128)
+# Wider heads (16) and an untied output layer, for the numerical comparisons with stock Transformers models.
+SMALL = dict(TINY, hidden_size=64, intermediate_size=96, head_dim=16, max_position_embeddings=256,
+             tie_word_embeddings=False)
+# What a tiny mixture-of-experts config adds.
+TINY_MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
 
-def randomize_(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Random values in every parameter, norms included (a norm weight of ones would hide a missing norm)."""
+
+def sizes(base: dict = TINY, **overrides) -> dict:
+    """`base` with `overrides` applied: the keyword arguments of a tiny config."""
+    return {**base, **overrides}
+
+
+def randomize_(model: torch.nn.Module, seed: int = 0, scale: float = 0.08, norm_center: float = 1.0,
+               norm_scale: float = 0.3) -> torch.nn.Module:
+    """Random values in every parameter, norms included (a norm weight of ones would hide a missing norm): norm
+    weights `norm_center + norm_scale * N(0, 1)` (centre 0 for zero-centred norms), the rest `scale * N(0, 1)`."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if name.endswith("norm.weight") or "layernorm" in name:
-                param.copy_(1 + 0.3 * torch.randn(param.shape, generator=generator))
-            else:
-                param.copy_(0.08 * torch.randn(param.shape, generator=generator))
+            is_norm = name.endswith("norm.weight") or "layernorm" in name
+            center, spread = (norm_center, norm_scale) if is_norm else (0.0, scale)
+            param.copy_(center + spread * torch.randn(param.shape, generator=generator))
     return model

@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from helpers import randomize_
+from helpers import TINY, randomize_, sizes
 from safetensors.torch import load_file, save_file
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
@@ -24,14 +24,13 @@ VOCAB = 61
 def model_for(seed=0, gate_scale=1.0, **overrides) -> GatedQwenForCausalLM:
     """A tiny float64 model with random weights (norms included); `gate_scale` widens the gate logits so that
     scores spread over (0, 1)."""
-    fields = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=8, max_position_embeddings=64)
-    fields.update(overrides)
+    fields = sizes(TINY, vocab_size=VOCAB, intermediate_size=48, num_hidden_layers=3, max_position_embeddings=64,
+                   **overrides)
     torch.manual_seed(seed)
     model = randomize_(GatedQwenForCausalLM(GatedQwenConfig(**fields)), seed).double().eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if "g_proj" in name or "gate_logits" in name:
+            if "gate.g_proj" in name or "gate.logits" in name:
                 param.mul_(gate_scale)
             if name.endswith(("q_norm.weight", "k_norm.weight")):
                 param.mul_(2.5)  # sharper attention than random weights give
@@ -127,7 +126,7 @@ def test_sdpa_output_before_and_after_the_gate_match_a_hand_computation():
         v = (normed @ block.self_attn.v_proj.weight.T).view(*x.shape, config.num_key_value_heads, config.head_dim)
         v = v.transpose(1, 2).repeat_interleave(groups, dim=1)  # [B, Hq, S, D]
         sdpa = (attentions[layer] @ v).transpose(1, 2)  # [B, S, Hq, D]
-        gate = torch.sigmoid(normed @ block.self_attn.g_proj.weight.T).view_as(sdpa)
+        gate = torch.sigmoid(normed @ block.self_attn.gate.g_proj.weight.T).view_as(sdpa)
         entry = result["layers"][layer]
         assert entry["sdpa_output_mean_abs"] == pytest.approx(sdpa.abs().mean().item(), rel=1e-6)
         assert entry["gated_output_mean_abs"] == pytest.approx((sdpa * gate).abs().mean().item(), rel=1e-6)
@@ -146,8 +145,8 @@ def test_gate_statistics_match_scores_recomputed_from_the_weights(overrides):
     config = model.config
     with torch.no_grad():
         for block in model.model.layers:
-            if hasattr(block.self_attn, "gate_logits"):  # spread the learned constants over the sigmoid's range
-                logits = block.self_attn.gate_logits
+            if hasattr(block.self_attn.gate, "logits"):  # spread the learned constants over the sigmoid's range
+                logits = block.self_attn.gate.logits
                 logits.copy_(torch.linspace(-4, 4, logits.numel())[torch.randperm(logits.numel())].view_as(logits))
     x = ids()
     result = analyze(model, x, batch_size=2)
@@ -160,8 +159,8 @@ def test_gate_statistics_match_scores_recomputed_from_the_weights(overrides):
             assert entry is None
             continue
         normed = rms_norm(hidden[layer], block.input_layernorm.weight, config.rms_norm_eps)
-        logits = (normed @ block.self_attn.g_proj.weight.T if config.gate_input_dependent
-                  else block.self_attn.gate_logits.reshape(-1).expand(*x.shape, heads * width))
+        logits = (normed @ block.self_attn.gate.g_proj.weight.T if config.gate_input_dependent
+                  else block.self_attn.gate.logits.reshape(-1).expand(*x.shape, heads * width))
         scores = torch.sigmoid(logits).view(*x.shape, heads, width)
         if config.gate_activation == "ns_sigmoid":
             scores = 0.5 + 0.5 * scores
@@ -315,6 +314,7 @@ def test_reproduce_smoke_preset_end_to_end(tmp_path, capsys):
     assert "multiple of the 4 attention heads" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a fresh interpreter or several processes
 def test_reproduce_in_worker_processes_gives_the_in_process_results():
     from gated_qwen.analysis.reproduce import PRESETS, customised, run_all
 
@@ -382,3 +382,28 @@ def test_analyze_and_eval_ppl_commands(tmp_path, capsys):
     assert "--overwrite" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["eval-ppl", str(folder), "--lengths", "16", "--yarn", "0.5"])
+
+
+def test_commands_refuse_bad_input_in_one_line_and_write_nothing(tmp_path, capsys):
+    model_for().float().save_pretrained(tmp_path / "model")
+    (tmp_path / "not-safetensors.bin").write_bytes(b"\x80\x02 a pickle, say")
+    (tmp_path / "text.txt").write_text("some text")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{")
+    cases = [
+        (["analyze", str(tmp_path / "model"), "--tokens", str(tmp_path / "not-safetensors.bin")],
+         "is not a safetensors file"),
+        (["eval-ppl", str(tmp_path / "model"), "--lengths", "8", "--tokens", str(tmp_path / "not-safetensors.bin")],
+         "is not a safetensors file"),
+        (["analyze", str(tmp_path / "model"), "--text", str(tmp_path / "text.txt")], "--text needs a tokenizer"),
+        (["analyze", str(tmp_path / "broken")], "is not a valid JSON file"),
+        (["analyze", str(tmp_path / "missing")], "is not a model folder"),
+    ]
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    for args, message in cases:
+        assert main([*args, *(["--out", str(tmp_path / "out")] if args[0] == "analyze"
+                              else ["--out", str(tmp_path / "out" / "rows.json")])]) == 2
+        err = capsys.readouterr().err
+        lines = [line for line in err.splitlines() if line.startswith("gated-qwen: error: ")]
+        assert len(lines) == 1 and message in lines[0] and "Traceback" not in err, err
+        assert sorted(p.name for p in tmp_path.rglob("*")) == before  # no output, no staging folder, no parent

@@ -49,7 +49,7 @@ def test_equality_check_catches_a_wrong_qwen3_5_mapping(bench):
         for name, tensor in state.items():
             if name.endswith("q_proj.weight"):
                 q, g = tensor.chunk(2, dim=0)
-                out[name], out[name.replace("q_proj", "g_proj")] = q.clone(), g.clone()
+                out[name], out[name.replace("q_proj", "gate.g_proj")] = q.clone(), g.clone()
         return out
 
     ours.load_state_dict(wrong(reference.state_dict(), ours), strict=True)

@@ -1,21 +1,18 @@
 """GatedQwenConfig validation: every refusal names the field, the bad value and what is allowed; every accepted
 config builds a model that runs forward and backward (property-based over the gate space)."""
 
-from __future__ import annotations
-
 import pytest
 import torch
+from helpers import TINY, sizes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
-
-SIZES = dict(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=8)
+from gated_qwen.configuration_gated import CONFIG_ERRORS
 
 
 def config(**fields) -> GatedQwenConfig:
-    return GatedQwenConfig(**{**SIZES, **fields})
+    return GatedQwenConfig(**sizes(TINY, **fields))
 
 
 def test_defaults_are_the_papers_recommendation():
@@ -42,9 +39,9 @@ def test_paper_aliases(alias, name):
         (dict(gate_granularity="rowwise"), "gate_granularity", "'headwise'"),
         (dict(gate_combine="mul"), "gate_combine", "'multiply'"),
         (dict(gate_activation="tanh"), "gate_activation", "'ns_sigmoid'"),
-        (dict(gate_shared_across_heads="yes"), "gate_shared_across_heads", "True or False"),
-        (dict(gate_input_dependent=1), "gate_input_dependent", "True or False"),
-        (dict(gate_bias=None), "gate_bias", "True or False"),
+        (dict(gate_shared_across_heads="yes"), "gate_shared_across_heads", "expected bool"),
+        (dict(gate_input_dependent=1), "gate_input_dependent", "expected bool"),
+        (dict(gate_bias=None), "gate_bias", "expected bool"),
         (dict(gate_layers=[0, 2]), "gate_layers", "[0, 2)"),
         (dict(gate_layers=[1, 1]), "gate_layers", "distinct"),
         (dict(gate_layers=[]), "gate_layers", "non-empty"),
@@ -53,7 +50,7 @@ def test_paper_aliases(alias, name):
         (dict(num_key_value_heads=3), "num_key_value_heads", "divide"),
         (dict(head_dim=7), "head_dim", "even"),
         (dict(hidden_size=0), "hidden_size", "positive"),
-        (dict(use_qk_norm="on"), "use_qk_norm", "True or False"),
+        (dict(use_qk_norm="on"), "use_qk_norm", "expected bool"),
         (dict(gate_postion="value"), "gate_postion", "gate_position"),
         # combinations the paper does not define
         (dict(gate_position="dense", gate_granularity="headwise"), "gate_granularity", "no heads"),
@@ -65,10 +62,51 @@ def test_paper_aliases(alias, name):
     ],
 )
 def test_refusals_name_the_field_and_the_fix(fields, named, allowed):
-    with pytest.raises(ValueError) as error:
+    with pytest.raises(CONFIG_ERRORS) as error:
         config(**fields)
     message = str(error.value)
     assert named in message and allowed in message, message
+
+
+@pytest.mark.parametrize(
+    "field, value, allowed",
+    [
+        ("gate_position", "bogus", "'sdpa'"),
+        ("gate_granularity", "rowwise", "'headwise'"),
+        ("gate_combine", "mul", "'multiply'"),
+        ("gate_activation", "tanh", "'ns_sigmoid'"),
+        ("gate_bias", "yes", "expected bool"),
+        ("gate_layers", [], "non-empty"),
+        ("sdpa_output_transform", "layernorm", "'rmsnorm'"),
+        ("num_experts", -1, "positive integer"),
+        ("head_dim", 7, "even"),
+    ],
+)
+def test_assignment_after_construction_is_checked(field, value, allowed):
+    """As in Qwen3Config (a strict dataclass): a bad value set on a built config is refused, naming the field."""
+    c = config()
+    before = getattr(c, field)
+    with pytest.raises(CONFIG_ERRORS) as error:
+        setattr(c, field, value)
+    assert field in str(error.value) and allowed in str(error.value), str(error.value)
+    assert getattr(c, field) == before
+
+
+def test_rules_across_fields_are_checked_by_validate_after_assignment():
+    c = config(gate_position="dense")
+    c.gate_granularity = "headwise"  # each field is valid alone; together they are not
+    with pytest.raises(CONFIG_ERRORS, match="no heads"):
+        c.validate()
+    c = config()
+    c.num_key_value_heads = 3
+    with pytest.raises(CONFIG_ERRORS, match="divide"):
+        c.validate()
+
+
+def test_assigned_paper_names_are_stored_as_the_config_names():
+    c = config()
+    c.gate_position = "G2"
+    assert c.gate_position == "value" and c.gate_shape == (TINY["num_key_value_heads"], TINY["head_dim"])
 
 
 def test_presets_build_on_the_meta_device():
@@ -76,8 +114,8 @@ def test_presets_build_on_the_meta_device():
         c = GatedQwenConfig.from_paper(preset, gate_position="G2", gate_granularity="headwise")
         with torch.device("meta"):
             model = GatedQwenForCausalLM(c)
-        assert model.model.layers[0].self_attn.g_proj.weight.is_meta
-        assert model.model.layers[0].self_attn.g_proj.out_features == c.num_key_value_heads
+        assert model.model.layers[0].self_attn.gate.g_proj.weight.is_meta
+        assert model.model.layers[0].self_attn.gate.g_proj.out_features == c.num_key_value_heads
 
 
 # ------------------------------------------------------------------------------------------------ properties
@@ -101,16 +139,16 @@ GATE_FIELDS = {
 def test_every_config_either_runs_or_is_refused_by_name(fields):
     try:
         c = config(**fields)
-    except ValueError as error:
+    except CONFIG_ERRORS as error:
         assert any(name in str(error) for name in fields), (fields, str(error))
         return
     torch.manual_seed(0)
     model = GatedQwenForCausalLM(c)
-    x = torch.randint(0, 50, (2, 6))
+    x = torch.randint(0, TINY["vocab_size"], (2, 6))
     out = model(x, labels=x)
-    assert out.logits.shape == (2, 6, 50) and torch.isfinite(out.loss)
+    assert out.logits.shape == (2, 6, TINY["vocab_size"]) and torch.isfinite(out.loss)
     out.loss.backward()
     for name, param in model.named_parameters():
         assert param.grad is not None, name
-    gated = [layer.self_attn for layer in model.model.layers if layer.self_attn.gate_position is not None]
+    gated = [layer.self_attn for layer in model.model.layers if layer.self_attn.gate.position is not None]
     assert len(gated) == len(c.gated_layers)

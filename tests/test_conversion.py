@@ -4,14 +4,20 @@ Every refusal is checked for its message and for leaving nothing behind."""
 
 from __future__ import annotations
 
+import collections
+import errno
 import json
 import math
 import os
+import shutil
+import zipfile
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import randomize_ as randomize_weights_
+from helpers import sizes
 from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import (
@@ -28,23 +34,16 @@ from gated_qwen.cli import main
 from gated_qwen.conversion import ConversionError, VerificationError, convert
 from gated_qwen.conversion import qwen3 as qwen3_module
 
-VOCAB = 100
-TINY = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=8, max_position_embeddings=128)
+TINY = sizes(vocab_size=100, intermediate_size=48)  # the sizes write_release's checkpoints (and their tests) use
+VOCAB = TINY["vocab_size"]
 IDS = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(1))
 
 
 def randomize_(model: torch.nn.Module, seed: int = 0, norm_center: float = 1.0) -> torch.nn.Module:
-    """Random values in every parameter; norm weights around `norm_center` (1 for Qwen3, 0 for zero-centred).
-    Eager attention, as `load` uses."""
+    """The shared randomiser with weights large enough that conversions move logits visibly; norm weights around
+    `norm_center` (1 for Qwen3, 0 for zero-centred). Eager attention, as `load` uses."""
     model.set_attn_implementation("eager")
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            is_norm = name.endswith("norm.weight") or "layernorm" in name
-            scale = 0.3 if is_norm else 0.15
-            param.copy_((norm_center if is_norm else 0.0) + scale * torch.randn(param.shape, generator=generator))
-    return model.eval()
+    return randomize_weights_(model, seed, scale=0.15, norm_center=norm_center).eval()
 
 
 def logits(model: torch.nn.Module) -> torch.Tensor:
@@ -90,6 +89,7 @@ def write_release(folder: Path, variant: str, kv_heads: int, qkv_bias: bool = Fa
     (S = G·W, W = 1 headwise / D elementwise). Returns the per-head ("logical") weights."""
     g = torch.Generator().manual_seed(seed)
     hidden, heads, head_dim, layers = TINY["hidden_size"], TINY["num_attention_heads"], TINY["head_dim"], 2
+    mlp = TINY["intermediate_size"]
     groups, width = heads // kv_heads, {"baseline": 0, "headwise": 1, "elementwise": head_dim}[variant]
 
     def rnd(*shape, center=0.0, scale=0.15):
@@ -103,7 +103,7 @@ def write_release(folder: Path, variant: str, kv_heads: int, qkv_bias: bool = Fa
                  bq=rnd(heads, head_dim), bg=rnd(heads, width), bk=rnd(kv_heads, head_dim),
                  bv=rnd(kv_heads, head_dim), bo=rnd(hidden), qn=rnd(head_dim, center=1.0, scale=0.3),
                  kn=rnd(head_dim, center=1.0, scale=0.3), ln1=rnd(hidden, center=1.0, scale=0.3),
-                 ln2=rnd(hidden, center=1.0, scale=0.3), up=rnd(48, hidden), gate=rnd(48, hidden), down=rnd(hidden, 48))
+                 ln2=rnd(hidden, center=1.0, scale=0.3), up=rnd(mlp, hidden), gate=rnd(mlp, hidden), down=rnd(hidden, mlp))
         logical["layers"].append(w)
         rows = heads * head_dim + heads * width
         q_proj, q_bias = torch.empty(rows, hidden), torch.empty(rows)
@@ -132,7 +132,7 @@ def write_release(folder: Path, variant: str, kv_heads: int, qkv_bias: bool = Fa
     config = dict(
         architectures=["Qwen3ForCausalLM"], model_type="qwen3", auto_map={
             "AutoConfig": "configuration_qwen3.Qwen3Config", "AutoModelForCausalLM": "modeling_qwen3.Qwen3ForCausalLM"},
-        vocab_size=VOCAB, hidden_size=hidden, intermediate_size=48, num_hidden_layers=layers,
+        vocab_size=VOCAB, hidden_size=hidden, intermediate_size=mlp, num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim, hidden_act="silu",
         max_position_embeddings=128, rms_norm_eps=1e-6, tie_word_embeddings=True, rope_theta=10000.0,
         rope_scaling=None, use_sliding_window=False, qkv_bias=qkv_bias, use_qk_norm=True,
@@ -335,7 +335,7 @@ def test_qwen3_add_gate_refusals(qwen3_sources, tmp_path, capsys):
     refuse(r"additive sigmoid gate adds sigmoid\(x\) > 0 .* bias of v_proj; the source has attention_bias=false",
            src, tmp_path / "o", from_format="qwen3", add_gate='{"gate_combine": "add"}')
     refuse(r"not a variant", src, tmp_path / "o", from_format="qwen3", add_gate="elementwize")
-    refuse(r"`gate_granularity` must be one of", src, tmp_path / "o", from_format="qwen3",
+    refuse(r"gate_granularity' expected one of \('elementwise', 'headwise'\), got rowwise", src, tmp_path / "o", from_format="qwen3",
            add_gate='{"gate_granularity": "rowwise"}')
     convert(src, tmp_path / "ok", from_format="qwen3", add_gate="headwise", verify=False)
     assert "appendix A.7" in capsys.readouterr().err
@@ -461,23 +461,238 @@ def test_destination_overwrite_and_pickle(qwen3_sources, tmp_path, capsys):
     refuse(r"exactly one of --from", src, tmp_path / "x")
 
 
-def test_publish_gives_nested_folders_and_files_the_usual_permissions(tmp_path):
-    """mkdtemp and safetensors create private entries; a published folder is readable (and traversable) like any."""
-    import os
-    import stat
+# ------------------------------------------------------------------------- bad input: exit 2, one line, nothing written
+def cli_refuses(capsys, args: list[str], message: str, dst: Path, code: int = 2) -> str:
+    """`gated-qwen ARGS` exits with `code` and one line `gated-qwen: error: ...` that contains `message`, with no
+    traceback, and leaves nothing at or beside `dst`. Returns the line."""
+    assert main(args) == code
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("gated-qwen: error: ")]
+    assert len(lines) == 1 and message in lines[0], err
+    assert "Traceback" not in err
+    if dst is not None:
+        assert_nothing_written(dst)
+    return lines[0]
 
-    from gated_qwen.conversion.io import publish
 
-    staging = tmp_path / "staging"
-    (staging / "models" / "run0").mkdir(parents=True)
-    for folder in (staging, staging / "models", staging / "models" / "run0"):
-        folder.chmod(0o700)
-    (staging / "models" / "run0" / "model.safetensors").write_bytes(b"x")
-    (staging / "models" / "run0" / "model.safetensors").chmod(0o600)
-    publish(staging, tmp_path / "out")
-    umask = os.umask(0)
-    os.umask(umask)
-    for path in [tmp_path / "out", *(tmp_path / "out").rglob("*")]:
-        expected = (0o777 if path.is_dir() else 0o666) & ~umask
-        assert stat.S_IMODE(path.stat().st_mode) == expected, path
-    assert not staging.exists()
+def edit_json(path: Path, **changes) -> None:
+    data = json.loads(path.read_text())
+    data.update(changes)
+    path.write_text(json.dumps(data))
+
+
+@pytest.fixture(scope="module")
+def gated_source(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("gated") / "g"
+    randomize_(GatedQwenForCausalLM(GatedQwenConfig(**TINY))).save_pretrained(folder)
+    return folder
+
+
+def _damage_shard(src: Path, how: str) -> str:
+    shard = sorted(src.glob("model-*.safetensors"))[1]
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) // 2] if how == "truncate" else b"not a safetensors file at all")
+    return shard.name
+
+
+def _index(src: Path, content) -> None:
+    (src / "model.safetensors.index.json").write_text(content if isinstance(content, str) else json.dumps(content))
+
+
+BAD_SOURCES = {  # name: (damage(src) -> the expected message, format flags)
+    "truncated shard": (lambda src: f"{_damage_shard(src, 'truncate')} in SRC is not a readable safetensors file",
+                        ["--from", "qwen3"]),
+    "corrupt shard": (lambda src: f"{_damage_shard(src, 'garbage')} in SRC is not a readable safetensors file",
+                      ["--from", "qwen3"]),
+    "index not JSON": (lambda src: _index(src, "{nope") or "model.safetensors.index.json (", ["--from", "qwen3"]),
+    "index without weight_map": (lambda src: _index(src, {"metadata": {}}) or "has no `weight_map`",
+                                 ["--from", "qwen3"]),
+    "index entry absolute": (lambda src: _index(src, {"weight_map": {"x": "/etc/hostname"}})
+                             or "names weight files outside the folder (['/etc/hostname'])", ["--from", "qwen3"]),
+    "index entry ..": (lambda src: _index(src, {"weight_map": {"x": "../bias=True/model.safetensors"}})
+                       or "names weight files outside the folder", ["--from", "qwen3"]),
+    "index entry not in its file": (lambda src: edit_json(src / "model.safetensors.index.json", weight_map={
+        **json.loads((src / "model.safetensors.index.json").read_text())["weight_map"],
+        "model.extra.weight": "model-00001-of-00003.safetensors"})
+        or "the index of SRC names tensors that its files do not hold: ['model.extra.weight']", ["--from", "qwen3"]),
+    "config not JSON": (lambda src: (src / "config.json").write_text("{") and "config.json (", ["--from", "qwen3"]),
+    "config not an object": (lambda src: (src / "config.json").write_text("[1, 2]")
+                             and "must hold a JSON object, not a list", ["--from", "qwen3"]),
+    "config field type": (lambda src: edit_json(src / "config.json", hidden_size="32")
+                          or "Field 'hidden_size' expected int, got str", ["--from", "qwen3"]),
+    "shapes vs config (from qwen3)": (lambda src: edit_json(src / "config.json", intermediate_size=40)
+                                      or "mlp.gate_proj.weight is [48, 32] where the config implies [40, 32]",
+                                      ["--from", "qwen3"]),
+    "tensors missing (from qwen3)": (lambda src: edit_json(src / "config.json", num_hidden_layers=3,
+                                                               layer_types=["full_attention"] * 3)
+                                     or "missing (model.layers.2.", ["--from", "qwen3"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_SOURCES))
+def test_bad_source_is_refused_with_one_line(qwen3_sources, tmp_path, capsys, case):
+    damage, flags = BAD_SOURCES[case]
+    src = tmp_path / "src"
+    shutil.copytree(qwen3_sources[False][0], src)
+    message = damage(src)
+    for verify in ("--verify", "--no-verify"):
+        cli_refuses(capsys, ["convert", str(src), str(tmp_path / "dst"), *flags, verify], message, tmp_path / "dst")
+
+
+@pytest.mark.parametrize("target", ["qwen3_5", "release", "qwen3_next"])
+def test_export_of_weights_that_do_not_match_their_config_is_refused(gated_source, tmp_path, capsys, target):
+    src = tmp_path / "src"
+    shutil.copytree(gated_source, src)
+    edit_json(src / "config.json", num_key_value_heads=1)
+    cli_refuses(capsys, ["convert", str(src), str(tmp_path / "dst"), "--to", target, "--no-verify"],
+                "k_proj.weight is [16, 32] where the config implies [8, 32]", tmp_path / "dst")
+
+
+def test_bad_destination_is_refused_before_any_work(qwen3_sources, tmp_path, capsys, monkeypatch):
+    src = qwen3_sources[False][0]
+    args = ["--from", "qwen3", "--no-verify"]
+    monkeypatch.setattr(qwen3_module, "plan_qwen3_to_gated", None)  # the work: never reached
+    dangling = tmp_path / "link"
+    dangling.symlink_to(tmp_path / "nowhere")
+    cli_refuses(capsys, ["convert", str(src), str(dangling), *args], "is a symlink to", dangling)
+    assert dangling.is_symlink() and not (tmp_path / "nowhere").exists()
+    cli_refuses(capsys, ["convert", str(src), str(tmp_path / "no" / "dst"), *args],
+                f"The folder {str(tmp_path / 'no')!r} that would hold DST", tmp_path / "x")
+    assert not (tmp_path / "no").exists()
+    read_only = tmp_path / "read-only"
+    read_only.mkdir(mode=0o555)
+    if os.geteuid() == 0:  # root may write anywhere; answer as the permission bits do for everyone else
+        real_access = os.access
+        monkeypatch.setattr(os, "access", lambda path, mode: real_access(path, mode) and Path(path) != read_only)
+    cli_refuses(capsys, ["convert", str(src), str(read_only / "dst"), *args],
+                f"Cannot write in {str(read_only)!r}", read_only / "dst")
+    for size in ("inf", "infGB", "nan", "0", "-2GB", "lots"):
+        cli_refuses(capsys, ["convert", str(src), str(tmp_path / "dst"), *args, f"--max-shard-size={size}"],
+                    f"--max-shard-size {size!r} is not a size", tmp_path / "dst")
+
+
+def test_disk_full_removes_the_partial_output_and_keeps_the_old_one(qwen3_sources, tmp_path, capsys, monkeypatch):
+    from gated_qwen.conversion import io
+
+    def full_disk(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"\0" * 100)  # a partial shard
+        raise OSError(errno.ENOSPC, "No space left on device", str(filename))
+
+    monkeypatch.setattr(io, "save_file", full_disk)
+    src, dst = qwen3_sources[False][0], tmp_path / "dst"
+    cli_refuses(capsys, ["convert", str(src), str(dst), "--from", "qwen3"],
+                f"No space left on the device while writing DST {str(dst)!r}; the partial output", dst)
+    dst.mkdir()
+    (dst / "old.txt").write_text("old")
+    assert main(["convert", str(src), str(dst), "--from", "qwen3", "--overwrite"]) == 2
+    assert "No space left" in capsys.readouterr().err
+    assert [p.name for p in dst.iterdir()] == ["old.txt"] and [p.name for p in tmp_path.iterdir()] == ["dst"]
+
+
+def test_pickled_sources_legacy_format_and_unsafe_content(qwen3_sources, tmp_path, capsys):
+    src, reference = qwen3_sources[False]
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    shutil.copy(src / "config.json", legacy)
+    torch.save(tensors(src), legacy / "pytorch_model.bin", _use_new_zipfile_serialization=False)
+    assert not zipfile.is_zipfile(legacy / "pytorch_model.bin")  # cannot be memory-mapped: read whole instead
+    assert main(["convert", str(legacy), str(tmp_path / "out"), "--from", "qwen3", "--allow-pickle"]) == 0
+    torch.testing.assert_close(logits(load(GatedQwenForCausalLM, tmp_path / "out")), reference, rtol=0, atol=1e-6)
+
+    unsafe = tmp_path / "unsafe"
+    unsafe.mkdir()
+    shutil.copy(src / "config.json", unsafe)
+    torch.save({**tensors(src), "extra": collections.OrderedDict(a=Path("x"))}, unsafe / "pytorch_model.bin")
+    line = cli_refuses(capsys, ["convert", str(unsafe), str(tmp_path / "u"), "--from", "qwen3", "--allow-pickle"],
+                       "pytorch_model.bin in SRC cannot be read with torch.load(weights_only=True) (Unsupported "
+                       "global: GLOBAL pathlib", tmp_path / "u")
+    assert "weights_only=False" not in line
+
+
+def test_non_finite_source_is_named_as_such(qwen3_sources, tmp_path, capsys):
+    src = tmp_path / "src"
+    shutil.copytree(qwen3_sources[True][0], src)
+    weights = tensors(src)
+    weights["model.norm.weight"][3] = float("inf")
+    save_file(weights, src / "model.safetensors", metadata={"format": "pt"})
+    cli_refuses(capsys, ["convert", str(src), str(tmp_path / "dst"), "--from", "qwen3"],
+                "the source produces non-finite logits", tmp_path / "dst")
+
+
+def test_verification_failure_exits_with_1(qwen3_sources, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(qwen3_module, "gate_init", lambda config: (0.0, "none", 1.0))
+    cli_refuses(capsys, ["convert", str(qwen3_sources[False][0]), str(tmp_path / "dst"), "--from", "qwen3",
+                         "--add-gate", "elementwise"], "verification failed", tmp_path / "dst", code=1)
+
+
+# ----------------------------------------------------------------- structure: checked whatever --verify says
+def _patched_planner(monkeypatch, module, name, edit):
+    original = getattr(module, name)
+
+    def planner(*args):
+        config, plan = original(*args)
+        edit(plan)
+        return config, plan
+
+    monkeypatch.setattr(module, name, planner)
+
+
+STRUCTURE_FAULTS = {  # what the fault does to the plan -> the message
+    "a tensor missing": (lambda plan: plan.pop("model.layers.1.mlp.down_proj.weight"),
+                         "missing (model.layers.1.mlp.down_proj.weight)"),
+    "an unexpected tensor": (lambda plan: plan.update(extra=plan["model.norm.weight"]),
+                             "1 that the model does not have (extra)"),
+    "a wrong shape": (lambda plan: plan.update({"model.norm.weight": plan["model.layers.0.input_layernorm.weight"]
+                                               .__class__((16,), torch.float32, lambda: torch.ones(16))}),
+                      "model.norm.weight is [16] where the config implies [32]"),
+}
+
+
+@pytest.mark.parametrize("fault", list(STRUCTURE_FAULTS))
+def test_incomplete_plans_are_refused_even_without_verification(qwen3_sources, tmp_path, capsys, monkeypatch, fault):
+    import gated_qwen.conversion as conversion
+
+    edit, message = STRUCTURE_FAULTS[fault]
+    _patched_planner(monkeypatch, qwen3_module, "plan_qwen3_to_gated", edit)
+    src, dst = qwen3_sources[False][0], tmp_path / "dst"
+    cli_refuses(capsys, ["convert", str(src), str(dst), "--from", "qwen3", "--no-verify"], message, dst)
+    monkeypatch.setattr(conversion, "VERIFY_MAX_PARAMETERS", 1000)  # default flags, a model above the verify limit
+    line = cli_refuses(capsys, ["convert", str(src), str(dst), "--from", "qwen3"], message, dst)
+    assert "the converted checkpoint would not match the model its config.json describes" in line
+
+
+def test_export_plans_are_checked_against_the_stock_class(gated_source, tmp_path, capsys, monkeypatch):
+    from gated_qwen.conversion import qwen3_5 as qwen3_5_module
+
+    _patched_planner(monkeypatch, qwen3_5_module, "plan_gated_to_qwen3_5",
+                     lambda plan: plan.pop("model.layers.0.self_attn.q_proj.weight"))
+    cli_refuses(capsys, ["convert", str(gated_source), str(tmp_path / "dst"), "--to", "qwen3_5", "--no-verify"],
+                "missing (model.layers.0.self_attn.q_proj.weight)", tmp_path / "dst")
+
+
+def test_written_files_and_config_are_checked(qwen3_sources, tmp_path, capsys, monkeypatch):
+    import gated_qwen.conversion as conversion
+    from gated_qwen.conversion import io
+
+    src, dst = qwen3_sources[False][0], tmp_path / "dst"
+    write_json = io.write_json
+
+    def index_without_an_entry(path, data):
+        data["weight_map"].pop("model.layers.0.mlp.up_proj.weight")
+        write_json(path, data)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(io, "write_json", index_without_an_entry)
+        cli_refuses(capsys, ["convert", str(src), str(dst), "--from", "qwen3", "--no-verify"],
+                    "the written weights differ from the plan at model.layers.0.mlp.up_proj.weight", dst)
+    write_config = conversion._write_config
+
+    def config_without_vocab_size(config, folder, kind):
+        write_config(config, folder, kind)
+        data = json.loads((folder / "config.json").read_text())
+        del data["vocab_size"]
+        (folder / "config.json").write_text(json.dumps(data))
+
+    monkeypatch.setattr(conversion, "_write_config", config_without_vocab_size)
+    cli_refuses(capsys, ["convert", str(src), str(dst), "--from", "qwen3", "--no-verify"],
+                f"model.embed_tokens.weight is [{VOCAB}, 32] where the config implies [151936, 32]", dst)

@@ -10,6 +10,7 @@ The ranks run tests/dist_scripts/tp_and_fsdp.py once (module fixture); the compu
 "the same" can be checked tightly.
 """
 
+import json
 import os
 import socket
 import subprocess
@@ -18,12 +19,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import SMALL, sizes
+from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
+from gated_qwen.conversion import convert
+
+pytestmark = pytest.mark.slow  # every check here starts several processes
 
 SCRIPT = Path(__file__).parent / "dist_scripts" / "tp_and_fsdp.py"
-TINY = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16)
+TINY = sizes(SMALL, intermediate_size=128, tie_word_embeddings=True)
 LR = 1e-2
 
 # name -> (gate fields, whether the gate's weights are split across the 2 ranks)
@@ -34,7 +39,19 @@ VARIANTS = {
     "G5-dense": ({"gate_position": "dense"}, False),
     "G1-input-independent": ({"gate_input_dependent": False}, True),
     "G1-input-independent-shared": ({"gate_input_dependent": False, "gate_shared_across_heads": True}, False),
+    # the paper's release layout (gate rows packed in q_proj per kv group), read by from_pretrained directly
+    "release-headwise": ({"gate_granularity": "headwise"}, True),
+    # stock Qwen3 folders with a gate added at load time (function-preserving: zero g_proj, o_proj doubled)
+    "qwen3-add-G1": ({"gate_position": "sdpa"}, True),
+    "qwen3-add-head-shared-constant": ({"gate_input_dependent": False, "gate_shared_across_heads": True}, False),
 }
+
+
+def load_reference(folder: Path) -> GatedQwenForCausalLM:
+    """The one-process model of a variant's folder, read as the 2-process script reads it."""
+    gate_file = folder.parent / f"{folder.name}.gate.json"
+    gate = json.loads(gate_file.read_text()) if gate_file.exists() else {}
+    return GatedQwenForCausalLM.from_pretrained(folder, dtype=torch.float64, **gate)
 
 
 def free_port() -> int:
@@ -51,9 +68,18 @@ def run(tmp_path_factory):
         torch.manual_seed(i)
         model = GatedQwenForCausalLM(GatedQwenConfig(**TINY, **gate))
         for layer in model.model.layers:  # input-independent gates start at zero: make them differ per head
-            if hasattr(layer.self_attn, "gate_logits"):
-                torch.nn.init.normal_(layer.self_attn.gate_logits)
-        model.save_pretrained(work / name)
+            if hasattr(layer.self_attn.gate, "logits"):
+                torch.nn.init.normal_(layer.self_attn.gate.logits)
+        if name.startswith("qwen3"):
+            stock = Qwen3ForCausalLM(Qwen3Config(**{k: v for k, v in TINY.items()}))
+            stock.save_pretrained(work / name)
+            (work / f"{name}.gate.json").write_text(json.dumps({"gate_position": "sdpa", **gate}))
+            continue
+        if name.startswith("release"):
+            model.save_pretrained(work / "gated-for-release")
+            convert(work / "gated-for-release", work / name, to_format="release", verify=False)
+        else:
+            model.save_pretrained(work / name)
     input_ids = torch.randint(0, TINY["vocab_size"], (4, 12), generator=torch.Generator().manual_seed(0))
     torch.save({"input_ids": input_ids, "lr": LR, "dtype": torch.float64}, work / "inputs.pt")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -68,7 +94,7 @@ def run(tmp_path_factory):
 def test_tensor_parallel_equals_one_process(run, name):
     work, input_ids = run
     tp = torch.load(work / f"tp-{name}.pt")
-    model = GatedQwenForCausalLM.from_pretrained(work / name, dtype=torch.float64)
+    model = load_reference(work / name)
     out = model(input_ids, labels=input_ids)
     out.loss.backward()
 
@@ -78,8 +104,8 @@ def test_tensor_parallel_equals_one_process(run, name):
         torch.testing.assert_close(tp["grads"][param_name], param.grad, rtol=1e-10, atol=1e-14, msg=param_name)
 
     gate_shape, local_shape = tp["gate_shape"], tp["gate_local_shape"]
-    attn = model.model.layers[0].self_attn
-    full = attn.g_proj.weight if hasattr(attn, "g_proj") else attn.gate_logits
+    gate = model.model.layers[0].self_attn.gate
+    full = gate.g_proj.weight if hasattr(gate, "g_proj") else gate.logits
     assert gate_shape == tuple(full.shape)
     sharded = VARIANTS[name][1]
     expected_local = (gate_shape[0] // 2, *gate_shape[1:]) if sharded else gate_shape
@@ -99,7 +125,7 @@ def test_fsdp2_step_equals_one_process(run):
     assert fsdp.keys() == reference.keys()
     for key, value in reference.items():
         torch.testing.assert_close(fsdp[key], value, rtol=1e-10, atol=1e-12, msg=key)
-    gate = "model.layers.0.self_attn.g_proj.weight"
+    gate = "model.layers.0.self_attn.gate.g_proj.weight"
     assert (fsdp[gate] - initial[gate]).abs().max() > LR / 2  # the step moved the gate (AdamW: about lr per weight)
 
 

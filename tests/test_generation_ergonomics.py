@@ -7,6 +7,7 @@ from threading import Thread
 
 import pytest
 import torch
+from helpers import TINY, sizes
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, TextIteratorStreamer, pipeline
 
@@ -39,9 +40,8 @@ def folder(tmp_path_factory):
     folder = tmp_path_factory.mktemp("generation")
     tokenizer = byte_level_tokenizer()
     torch.manual_seed(0)
-    config = GatedQwenConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                             tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id)
+    config = GatedQwenConfig(**sizes(TINY, vocab_size=len(tokenizer), tie_word_embeddings=False,
+                                     pad_token_id=tokenizer.pad_token_id))
     GatedQwenForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder

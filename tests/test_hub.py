@@ -3,16 +3,19 @@ end to end against a fake Hub served through huggingface_hub's HTTP client facto
 fresh process where `gated_qwen` cannot be imported, and a push in offline mode failing clearly."""
 
 import base64
+import hashlib
 import json
 import re
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import unquote
 
 import httpx2
 import huggingface_hub
 import pytest
 import torch
+from helpers import TINY
 from huggingface_hub import ModelCard, constants
 from huggingface_hub.errors import OfflineModeIsEnabled
 from huggingface_hub.utils._http import default_client_factory
@@ -24,8 +27,6 @@ from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
 from gated_qwen.cli import main as cli
 from gated_qwen.hub import describe_gate, model_card
 
-TINY = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=8)
 RESULTS = [{"task_type": "text-generation", "dataset_type": "wikitext", "dataset_name": "WikiText-103",
             "dataset_split": "test", "metric_type": "perplexity", "metric_value": 12.5}]
 
@@ -105,7 +106,7 @@ def test_card_refuses_to_overwrite_and_replaces_with_overwrite(tmp_path, capsys)
     saved_model(tmp_path)
     (tmp_path / "README.md").write_text("my own card\n")
     assert cli(["card", str(tmp_path)]) == 2
-    assert "README.md' exists; pass --overwrite" in capsys.readouterr().err
+    assert "README.md' already exists; pass --overwrite" in capsys.readouterr().err
     assert (tmp_path / "README.md").read_text() == "my own card\n"
     assert cli(["card", str(tmp_path), "--overwrite"]) == 0
     assert ModelCard.load(tmp_path / "README.md").data.library_name == "transformers"
@@ -155,42 +156,82 @@ def test_card_bad_input_gets_a_clear_error(tmp_path, capsys, damage, message):
 
 # ----------------------------------------------------------------------------------------------------- push_to_hub
 class FakeHub:
-    """The Hub endpoints `push_to_hub` and `ModelCard.push_to_hub` use, answered from memory (`repos[repo][path]`)."""
+    """The Hub endpoints `push_to_hub` and `ModelCard.push_to_hub` use, answered from memory: every repository has
+    refs (`main`, branches, `refs/pr/N`), each a dict path -> content (`refs[repo][ref]`). Branches start as a copy
+    of `main`; a commit with `create_pr=1` opens a pull request: a new ref with the files of the revision it starts
+    from plus the commit's. Every commit gets a new id, as on the Hub: huggingface_hub's download cache is keyed by
+    commit, so one id for every answer would serve a file cached from an earlier commit."""
 
     def __init__(self):
-        self.repos: dict[str, dict[str, bytes]] = {}
-        self.commits: list[tuple[str, list[str]]] = []
+        self.refs: dict[str, dict[str, dict[str, bytes]]] = {}
+        self.commits: list[tuple[str, str, list[str]]] = []  # (repo, ref, paths), in order
+        self.heads: dict[tuple[str, str], str] = {}
+
+    def files(self, repo: str, ref: str = "main") -> dict[str, bytes]:
+        return self.refs[repo][ref]
+
+    @staticmethod
+    def _split(raw_path: str, marker: str) -> tuple[str, str, str]:
+        """`/api/models/me/repo/commit/refs%2Fpr%2F1` -> ("me/repo", "refs/pr/1", rest after the revision)."""
+        repo, rest = raw_path.strip("/").removeprefix("api/models/").split(f"/{marker}/", 1)
+        revision, _, tail = rest.partition("/")
+        return repo, unquote(revision), unquote(tail)
 
     def __call__(self, request: httpx2.Request) -> httpx2.Response:
-        path, method = request.url.path, request.method
+        path, raw, method = request.url.path, request.url.raw_path.decode().split("?")[0], request.method
         if method == "POST" and path == "/api/repos/create":
             body = json.loads(request.content)
             repo = f"{body['organization']}/{body['name']}" if body.get("organization") else body["name"]
-            self.repos.setdefault(repo, {})
+            self.refs.setdefault(repo, {"main": {}})
             return httpx2.Response(200, json={"url": f"https://huggingface.co/{repo}"})
-        if "/resolve/main/" in path:
-            repo, file = path.strip("/").split("/resolve/main/")
-            if file in self.repos.get(repo, {}):
-                headers = {"ETag": f'"{hash(self.repos[repo][file])}"', "X-Repo-Commit": "0" * 40}
-                return httpx2.Response(200, content=self.repos[repo][file], headers=headers)
-            return httpx2.Response(404, headers={"X-Error-Code": "EntryNotFound"})
+        if "/resolve/" in raw:
+            repo, revision, file = self._split(raw, "resolve")
+            files = self.refs.get(repo, {}).get(revision)
+            if files is None:
+                return httpx2.Response(404, headers={"X-Error-Code": "RevisionNotFound"})
+            if file not in files:
+                return httpx2.Response(404, headers={"X-Error-Code": "EntryNotFound"})
+            headers = {"ETag": f'"{hashlib.sha256(files[file]).hexdigest()}"',
+                       "X-Repo-Commit": self.heads.get((repo, revision), "0" * 40)}
+            return httpx2.Response(200, content=files[file], headers=headers)
+        if method == "GET" and "/revision/" in raw:  # repo_info, for revision_exists
+            repo, revision, _ = self._split(raw, "revision")
+            if revision not in self.refs.get(repo, {}):
+                return httpx2.Response(404, headers={"X-Error-Code": "RevisionNotFound"})
+            return httpx2.Response(200, json={"id": repo, "sha": self.heads.get((repo, revision), "0" * 40)})
         if method == "POST" and path == "/api/validate-yaml":
             return httpx2.Response(200, json={})
-        if method == "POST" and "/preupload/" in path:
+        if method == "POST" and "/preupload/" in raw:
             files = json.loads(request.content)["files"]
             return httpx2.Response(200, json={"files": [
                 {"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files]})
-        if method == "POST" and "/commit/" in path:
-            repo = path.removeprefix("/api/models/").split("/commit/")[0]
-            if repo not in self.repos:
+        if method == "POST" and "/branch/" in raw:
+            repo, branch, _ = self._split(raw, "branch")
+            if branch in self.refs[repo]:
+                return httpx2.Response(409, json={"error": "Reference already exists"})
+            start = (json.loads(request.content or b"{}") or {}).get("startingPoint", "main")
+            self.refs[repo][branch] = dict(self.refs[repo][start])
+            return httpx2.Response(200, json={})
+        if method == "POST" and "/commit/" in raw:
+            repo, revision, _ = self._split(raw, "commit")
+            if repo not in self.refs:
                 return httpx2.Response(404, headers={"X-Error-Code": "RepoNotFound"})
+            if revision not in self.refs[repo]:
+                return httpx2.Response(404, headers={"X-Error-Code": "RevisionNotFound"})
             files = [json.loads(line)["value"] for line in request.content.decode().splitlines()]
             files = [f for f in files if "content" in f]
+            pr_url = None
+            if request.url.params.get("create_pr") == "1":
+                number = sum(ref.startswith("refs/pr/") for ref in self.refs[repo]) + 1
+                self.refs[repo][f"refs/pr/{number}"] = dict(self.refs[repo][revision])
+                revision, pr_url = f"refs/pr/{number}", f"https://huggingface.co/{repo}/discussions/{number}"
             for f in files:
-                self.repos[repo][f["path"]] = base64.b64decode(f["content"])
-            self.commits.append((repo, sorted(f["path"] for f in files)))
-            return httpx2.Response(200, json={"commitUrl": f"https://huggingface.co/{repo}/commit/{'a' * 40}",
-                                              "commitOid": "a" * 40})
+                self.refs[repo][revision][f["path"]] = base64.b64decode(f["content"])
+            self.commits.append((repo, revision, sorted(f["path"] for f in files)))
+            oid = hashlib.sha1(f"{repo} {len(self.commits)}".encode()).hexdigest()
+            self.heads[(repo, revision)] = oid
+            return httpx2.Response(200, json={"commitUrl": f"https://huggingface.co/{repo}/commit/{oid}",
+                                              "commitOid": oid, "pullRequestUrl": pr_url})
         return httpx2.Response(404, json={"error": f"the fake Hub does not serve {method} {path}"})
 
 
@@ -229,11 +270,12 @@ with torch.no_grad():
 """
 
 
+@pytest.mark.slow  # a fresh interpreter or several processes
 def test_push_to_hub_uploads_a_folder_that_loads_without_the_package(fake_hub, tmp_path):
     torch.manual_seed(0)
     model = GatedQwenForCausalLM(GatedQwenConfig(**TINY))
     model.push_to_hub("me/tiny-gated", token="hf_fake")
-    repo = fake_hub.repos["me/tiny-gated"]
+    repo = fake_hub.files("me/tiny-gated")
     assert {"config.json", "model.safetensors", "generation_config.json", "README.md"} | code_files() <= set(repo)
     assert "configuration_gated.py" in repo
     auto_map = json.loads(repo["config.json"])["auto_map"]
@@ -243,13 +285,14 @@ def test_push_to_hub_uploads_a_folder_that_loads_without_the_package(fake_hub, t
     assert first_card.data.library_name == "transformers" and first_card.data.pipeline_tag == "text-generation"
     assert {"gated-attention", "custom_code"} <= set(first_card.data.tags)
     assert "## Gate" in first_card.text and describe_gate(model.config) in first_card.text
-    assert len(fake_hub.commits) == 2 and set(fake_hub.commits[0][1]) == {"README.md"}
+    (commit,) = fake_hub.commits  # the card travels in the model's own commit
+    assert commit[:2] == ("me/tiny-gated", "main") and {"README.md", "model.safetensors"} <= set(commit[2])
 
     # Our card pushed to the repo is kept by the next push_to_hub (Transformers loads the card already there).
     model_card(model.config, model_name="tiny-gated", repo_id="me/tiny-gated", license="mit").push_to_hub(
         "me/tiny-gated", token="hf_fake")
     model.push_to_hub("me/tiny-gated", token="hf_fake")
-    assert len(fake_hub.commits) == 4 and "model.safetensors" in fake_hub.commits[-1][1]
+    assert len(fake_hub.commits) == 3 and "model.safetensors" in fake_hub.commits[-1][2]
     card = ModelCard(repo["README.md"].decode())
     assert card.data.license == "mit" and "gated-attention" in card.data.tags and "## Gate" in card.text
 
@@ -268,6 +311,31 @@ def test_push_to_hub_uploads_a_folder_that_loads_without_the_package(fake_hub, t
     assert result.returncode == 0, result.stderr[-4000:]
     with torch.no_grad():
         torch.testing.assert_close(torch.load(tmp_path / "out.pt"), model(ids).logits, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("push", [dict(create_pr=True), dict(revision="dev"), dict(revision="dev", create_pr=True)],
+                         ids=["pull request", "branch", "pull request to a branch"])
+def test_a_push_to_a_branch_or_pull_request_leaves_main_alone(fake_hub, push):
+    """The card travels in the model's own commit, to the same branch or pull request; `main` gets nothing."""
+    model = GatedQwenForCausalLM(GatedQwenConfig(**TINY))
+    model.push_to_hub("me/tiny-gated", token="hf_fake", tags=["my-tag"], **push)
+    (repo, ref, paths), = fake_hub.commits
+    assert ref == ("refs/pr/1" if push.get("create_pr") else "dev")
+    assert {"README.md", "config.json", "model.safetensors"} <= set(paths)
+    assert fake_hub.files("me/tiny-gated") == {}  # main: untouched
+    card = ModelCard(fake_hub.files("me/tiny-gated", ref)["README.md"].decode())
+    assert "## Gate" in card.text and describe_gate(model.config) in card.text
+    assert {"gated-attention", "custom_code", "my-tag"} <= set(card.data.tags)
+
+
+def test_a_push_keeps_the_card_its_revision_already_has(fake_hub):
+    model = GatedQwenForCausalLM(GatedQwenConfig(**TINY))
+    huggingface_hub.HfApi(token="hf_fake").create_repo("me/tiny-gated")
+    ModelCard("---\nlicense: mit\n---\n# Written by hand\n").push_to_hub("me/tiny-gated", token="hf_fake")
+    model.push_to_hub("me/tiny-gated", token="hf_fake", revision="dev")  # a new branch starts from main's card
+    dev_card = ModelCard(fake_hub.files("me/tiny-gated", "dev")["README.md"].decode())
+    assert "# Written by hand" in dev_card.text and "## Gate" not in dev_card.text
+    assert dev_card.data.license == "mit"
 
 
 def test_push_in_offline_mode_fails_clearly(monkeypatch):

@@ -1,14 +1,15 @@
 """The core model against independent references: stock Qwen3 / Llama / Qwen3.5 with the same weights, and the
 paper's formula for every gate variant written out here in plain PyTorch."""
 
-from __future__ import annotations
-
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import randomize_
+from helpers import SMALL, randomize_, sizes
+from safetensors.torch import load_file
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -18,19 +19,25 @@ from transformers import (
     Qwen3_5TextConfig,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3ForQuestionAnswering,
     Qwen3ForSequenceClassification,
+    Qwen3ForTokenClassification,
 )
 
-from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, GatedQwenForSequenceClassification, GatedQwenModel
+from gated_qwen import (
+    GatedQwenConfig,
+    GatedQwenForCausalLM,
+    GatedQwenForQuestionAnswering,
+    GatedQwenForSequenceClassification,
+    GatedQwenForTokenClassification,
+    GatedQwenModel,
+)
 
-VOCAB = 97
+VOCAB = SMALL["vocab_size"]
 
 
 def tiny(**overrides) -> dict:
-    fields = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=16, max_position_embeddings=256, tie_word_embeddings=False)
-    fields.update(overrides)
-    return fields
+    return sizes(SMALL, **overrides)
 
 
 def gated(attn="sdpa", seed=0, **overrides) -> GatedQwenForCausalLM:
@@ -90,10 +97,10 @@ def to_qwen3_5_state_dict(ours: GatedQwenForCausalLM) -> dict[str, torch.Tensor]
     heads, dim = config.num_attention_heads, config.head_dim
     state = {}
     for name, tensor in ours.state_dict().items():
-        if name.endswith("g_proj.weight"):
+        if name.endswith("gate.g_proj.weight"):
             continue
         if name.endswith("q_proj.weight"):
-            gate = ours.state_dict()[name.replace("q_proj", "g_proj")]
+            gate = ours.state_dict()[name.replace("q_proj", "gate.g_proj")]
             tensor = torch.cat([tensor.view(heads, dim, -1), gate.view(heads, dim, -1)], dim=1).reshape(2 * heads * dim, -1)
         elif "norm" in name:
             tensor = tensor - 1
@@ -115,17 +122,46 @@ def test_default_gate_equals_stock_qwen3_5(kv_heads):
         assert (ours(x).logits - reference(x).logits).abs().max() <= 1e-5
 
 
-def test_sequence_classification_equals_stock_qwen3():
-    reference = randomize_(
-        Qwen3ForSequenceClassification(Qwen3Config(**tiny(num_labels=3, pad_token_id=0))), seed=6
-    ).eval()
-    ours = GatedQwenForSequenceClassification(GatedQwenConfig(**tiny(gate_position=None, num_labels=3,
-                                                                    pad_token_id=0))).eval()
-    ours.load_state_dict(reference.state_dict(), strict=True)
+HEADS = {
+    "sequence": (Qwen3ForSequenceClassification, GatedQwenForSequenceClassification),
+    "token": (Qwen3ForTokenClassification, GatedQwenForTokenClassification),
+    "question-answering": (Qwen3ForQuestionAnswering, GatedQwenForQuestionAnswering),
+}
+
+
+@pytest.mark.parametrize("head", list(HEADS))
+def test_task_heads_equal_stock_qwen3(head):
+    """Qwen3's sequence-classification, token-classification and question-answering heads, same weights."""
+    stock_class, our_class = HEADS[head]
+    reference = randomize_(stock_class(Qwen3Config(**tiny(num_labels=3, pad_token_id=0))), seed=6).eval()
+    ours = our_class(GatedQwenConfig(**tiny(gate_position=None, num_labels=3, pad_token_id=0))).eval()
+    # Qwen3's question-answering head keeps its base model under `transformer.` (its note: for backward
+    # compatibility); GatedQwen's heads all use `model.`, as every other Qwen3 head does.
+    state = {re.sub(r"^transformer\.", "model.", name): tensor for name, tensor in reference.state_dict().items()}
+    ours.load_state_dict(state, strict=True)
     x = ids()
-    x[0, -5:] = 0  # right padding: the score is taken at the last non-pad token
+    x[0, -5:] = 0  # right padding: a sequence's score is taken at its last non-pad token
     with torch.no_grad():
-        assert (ours(x).logits - reference(x).logits).abs().max() <= 1e-5
+        expected, got = reference(x), ours(x)
+    names = ("start_logits", "end_logits") if head == "question-answering" else ("logits",)
+    for name in names:
+        assert (getattr(got, name) - getattr(expected, name)).abs().max() <= 1e-5, name
+
+
+@pytest.mark.parametrize("head", list(HEADS))
+def test_task_heads_are_registered_with_their_auto_classes(head, tmp_path):
+    from transformers import (
+        AutoModelForQuestionAnswering,
+        AutoModelForSequenceClassification,
+        AutoModelForTokenClassification,
+    )
+
+    auto = {"sequence": AutoModelForSequenceClassification, "token": AutoModelForTokenClassification,
+            "question-answering": AutoModelForQuestionAnswering}[head]
+    config = GatedQwenConfig(**tiny(num_labels=3))
+    assert type(auto.from_config(config)) is HEADS[head][1]
+    config.save_pretrained(tmp_path)
+    assert auto.__name__ in GatedQwenConfig.from_pretrained(tmp_path).auto_map
 
 
 # ------------------------------------------------------------------------------- the paper's formula, by hand
@@ -159,11 +195,11 @@ def paper_attention(attn, config, x, cos, sin):
 
     def scores(target_heads, width):
         if config.gate_input_dependent:
-            logits = x @ attn.g_proj.weight.T
+            logits = x @ attn.gate.g_proj.weight.T
             if config.gate_bias:
-                logits = logits + attn.g_proj.bias
+                logits = logits + attn.gate.g_proj.bias
         else:
-            logits = attn.gate_logits.reshape(1, 1, -1).expand(B, S, -1)
+            logits = attn.gate.logits.reshape(1, 1, -1).expand(B, S, -1)
         heads = 1 if config.gate_shared_across_heads else target_heads
         return act(logits.reshape(B, S, heads, width))
 
@@ -189,7 +225,7 @@ def paper_attention(attn, config, x, cos, sin):
     if position == "sdpa":
         y = combine(y, scores(H, width))
     if config.sdpa_output_transform == "rmsnorm":
-        y = rms(y, attn.sdpa_norm.weight, config.rms_norm_eps)
+        y = rms(y, attn.gate.sdpa_norm.weight, config.rms_norm_eps)
     if config.sdpa_output_transform == "silu":
         y = F.silu(y)
     out = y.reshape(B, S, H * D) @ attn.o_proj.weight.T
@@ -230,7 +266,7 @@ def test_attention_output_matches_paper_formula(variant):
     if model.config.gate_input_dependent is False:
         with torch.no_grad():  # a zero-initialised logit would not show the gate's broadcasting
             for layer in model.model.layers:
-                layer.self_attn.gate_logits.normal_()
+                layer.self_attn.gate.logits.normal_()
     attn = model.model.layers[0].self_attn
     x = torch.randn(2, 11, 64, generator=torch.Generator().manual_seed(8))
     position_ids = torch.arange(11)[None].expand(2, -1)
@@ -401,6 +437,7 @@ print("remote code ok")
 """
 
 
+@pytest.mark.slow  # a fresh interpreter or several processes
 def test_remote_code_load_without_the_package(tmp_path):
     import subprocess
     import sys
@@ -444,3 +481,76 @@ def test_torch_compile_equals_eager():
         expected = model(x).logits
         compiled = torch.compile(model, fullgraph=True)
         assert (compiled(x).logits - expected).abs().max() <= 1e-5
+
+
+# ------------------------------------------------------------------------------------ gate logits as outputs
+def test_gate_logits_are_returned_per_layer_like_the_paper_computes_them():
+    """`output_gate_logits=True` (Transformers' output capturing): per layer `X W_g`, X the layer's input after the
+    pre-attention RMSNorm; None for a layer without a gate; learned constants for the input-independent gate."""
+    model = gated(seed=18, num_hidden_layers=3, gate_layers=[0, 2])
+    x = ids(length=10)
+    with torch.no_grad():
+        out = model(x, output_gate_logits=True, output_hidden_states=True)
+        assert len(out.gate_logits) == 3 and out.gate_logits[1] is None
+        for layer in (0, 2):
+            block = model.model.layers[layer]
+            normed = rms(out.hidden_states[layer], block.input_layernorm.weight, model.config.rms_norm_eps)
+            expected = (normed @ block.self_attn.gate.g_proj.weight.T).view(*x.shape, 4, 16)
+            torch.testing.assert_close(out.gate_logits[layer], expected, rtol=1e-5, atol=1e-5)
+        assert model(x).gate_logits is None  # recorded only when asked
+
+    constant = gated(seed=19, gate_input_dependent=False)
+    with torch.no_grad():
+        constant.model.layers[1].self_attn.gate.logits.normal_()
+        logits = constant(x, output_gate_logits=True).gate_logits
+    assert torch.equal(logits[1], constant.model.layers[1].self_attn.gate.logits)
+
+
+# -------------------------------------------------------------------------------- tensor-parallel plan rules
+def plan_rule_matches(model, rule: str) -> bool:
+    pattern = re.compile(r"model\." + re.escape(rule).replace(r"\*", r"\d+") + r"$")
+    names = [name for name, _ in model.named_modules()] + [name for name, _ in model.named_parameters()]
+    return any(pattern.match(name) for name in names)
+
+
+@pytest.mark.parametrize("fields", [
+    *VARIANTS.values(),
+    dict(use_qk_norm=False),
+    dict(gate_shared_across_heads=True, gate_input_dependent=False),
+    dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16),
+    dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, mlp_only_layers=[0]),
+    dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=24),
+], ids=[*VARIANTS, "no-qk-norm", "shared-constant", "moe", "moe-and-dense", "moe-shared-expert"])
+def test_every_tensor_parallel_rule_names_a_module_or_parameter(fields):
+    with torch.device("meta"):
+        model = GatedQwenForCausalLM(GatedQwenConfig(**tiny(**fields)))
+    plan = model.config.base_model_tp_plan
+    unmatched = [rule for rule in plan if not plan_rule_matches(model, rule)]
+    assert not unmatched, unmatched
+    # and every linear layer of the attention and MLP is split, except the G5 gate and Qwen3-Next's shared-expert
+    # gate, which act on the whole (all-reduced) hidden state and stay replicated
+    replicated = ("shared_expert_gate", "gate.g_proj" if model.config.gate_position == "dense" else "-")
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and ".layers.0." in name and not name.endswith(replicated):
+            assert re.sub(r"^model\.layers\.0\.", "layers.*.", name) in plan, name
+    assert (model.config.base_model_ep_plan is None) == (not model.config.num_experts)
+
+
+# ------------------------------------------------------------------------ folders saved by earlier versions
+SAVED_BY_MAIN = Path(__file__).parent / "data" / "saved-by-main-f4c7585"
+
+
+@pytest.mark.parametrize("variant", sorted(p.name for p in SAVED_BY_MAIN.iterdir() if p.is_dir()))
+def test_folders_saved_by_earlier_main_load_with_the_same_logits(variant, tmp_path):
+    """Folders written by `save_pretrained` at commit f4c7585 (gate tensors `self_attn.g_proj.*`,
+    `self_attn.gate_logits`, `self_attn.sdpa_norm.*`, experts one by one) with the logits that code computed:
+    they load with no missing or unexpected tensor, give those logits, and save again under the same names."""
+    folder = SAVED_BY_MAIN / variant
+    model, info = GatedQwenForCausalLM.from_pretrained(folder, output_loading_info=True)
+    assert not any(info.values()), info
+    reference = load_file(folder / "reference_logits.safetensors")
+    with torch.no_grad():
+        torch.testing.assert_close(model.eval()(reference["input_ids"]).logits, reference["logits"],
+                                   rtol=1e-5, atol=1e-5)
+    model.save_pretrained(tmp_path)
+    assert load_file(tmp_path / "model.safetensors").keys() == load_file(folder / "model.safetensors").keys()

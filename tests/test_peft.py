@@ -7,15 +7,13 @@ import sys
 
 import pytest
 import torch
+from helpers import TINY
 from peft import LoraConfig, PeftModel, get_peft_model
 from peft.tuners.lora import LoraLayer
 from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
 from transformers import AutoModelForCausalLM
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
-
-TINY = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=8)
 
 
 def tiny_model(seed: int = 0, **overrides) -> GatedQwenForCausalLM:
@@ -34,7 +32,7 @@ def adapted_modules(model: torch.nn.Module) -> set[tuple[int, str]]:
     found = set()
     for name, module in model.named_modules():
         if isinstance(module, LoraLayer):
-            layer, proj = re.search(r"layers\.(\d+)\.\w+\.(\w+)$", name).groups()
+            layer, proj = re.search(r"layers\.(\d+)\..*\.(\w+)$", name).groups()
             found.add((int(layer), proj))
     return found
 

@@ -8,12 +8,13 @@ attention backends find the sequence boundaries from `position_ids`.
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import TINY as BASE
+from helpers import sizes
 from transformers import AutoModelForCausalLM, DataCollatorWithFlattening, Trainer, TrainingArguments
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
 
-TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=8)
+TINY = sizes(BASE, vocab_size=64)
 PAD = 0
 
 

@@ -6,39 +6,33 @@ The card (template: `hub_cards/model_card.md` at the repository root, shipped in
 and `custom_code`, and `model-index` when evaluation results are given) and a body that states the gate variant and
 the sizes, how to load the model with and without this package, and the citation.
 
-Publishing: `model.push_to_hub(repo_id)` uploads the weights, config.json (with `auto_map`) and the code files; a
-repository without a card first gets this package's card (`push_card_if_missing`), and a card already there is kept
-(push one with a licence or evaluation results first with `model_card(config, ...).push_to_hub(repo_id)`); a folder
-with its card goes up whole with `hf upload REPO_ID MODEL_DIR`.
+Publishing: `model.push_to_hub(repo_id)` uploads the weights, config.json (with `auto_map`) and the code files in
+one commit; when the revision it goes to (the branch, or the one a pull request starts from) has no card yet, that
+commit's README.md is this package's card (`install_card`), and a card already there is kept (push one with a licence
+or evaluation results first with `model_card(config, ...).push_to_hub(repo_id)`); a folder with its card goes up
+whole with `hf upload REPO_ID MODEL_DIR`. With `create_pr=True` or `revision="dev"` nothing reaches `main`.
+
+Importing this module loads neither torch nor Transformers (the `gated-qwen card` parser is defined here).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
-import sys
-import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData
+if TYPE_CHECKING:
+    from huggingface_hub import EvalResult, ModelCard
 
-from .configuration_gated import GATE_POSITION_ALIASES, GatedQwenConfig
+    from .configuration_gated import GatedQwenConfig
 
 TEMPLATE = Path(__file__).parent / "hub_cards" / "model_card.md"
 TAGS = ["gated-attention", "gated_qwen", "custom_code", "text-generation"]
 
-_PAPER_NAMES = {position: alias for alias, position in GATE_POSITION_ALIASES.items()}
-_POSITIONS = {
-    "sdpa": "the attention output of each head, before `o_proj`",
-    "value": "the output of `v_proj` (the values)",
-    "key": "the output of `k_proj` (the keys)",
-    "query": "the output of `q_proj` (the queries)",
-    "dense": "the output of `o_proj`",
-}
-_EVAL_FIELDS = [field.name for field in dataclasses.fields(EvalResult) if field.init]
 _EVAL_REQUIRED = ["task_type", "dataset_type", "dataset_name", "metric_type", "metric_value"]
 
 
@@ -48,6 +42,8 @@ class CardError(ValueError):
 
 def describe_gate(config: GatedQwenConfig) -> str:
     """One sentence naming the gate variant in the paper's terms (G1...G5, elementwise/headwise, ...)."""
+    from .gating import POSITIONS, is_recommended
+
     if config.gate_position is None:
         control = {
             None: "",
@@ -65,25 +61,23 @@ def describe_gate(config: GatedQwenConfig) -> str:
         scores = "input-independent (a learned, zero-initialised logit per score)"
     combine = "multiplies" if config.gate_combine == "multiply" else "is added to"
     layers = "every layer" if config.gate_layers is None else f"layers {list(config.gate_layers)}"
-    recommended = (
-        position == "sdpa" and granularity == "elementwise" and not config.gate_shared_across_heads
-        and config.gate_combine == "multiply" and config.gate_activation == "sigmoid" and config.gate_input_dependent
-    )
     return (
-        f"{_PAPER_NAMES[position]} (`gate_position=\"{position}\"`): a `{config.gate_activation}` gate, "
-        f"{granularity} and {sharing}, {scores}, that {combine} {_POSITIONS[position]}, in {layers}"
-        + (", the paper's recommended form." if recommended else ".")
+        f"{POSITIONS[position].paper} (`gate_position=\"{position}\"`): a `{config.gate_activation}` gate, "
+        f"{granularity} and {sharing}, {scores}, that {combine} {POSITIONS[position].description}, in {layers}"
+        + (", the paper's recommended form." if is_recommended(config) else ".")
     )
 
 
 def _gate_fields(config: GatedQwenConfig) -> list[tuple[str, object]]:
-    names = ["gate_position", "gate_granularity", "gate_shared_across_heads", "gate_combine", "gate_activation",
-             "gate_input_dependent", "gate_bias", "gate_layers", "sdpa_output_transform"]
-    return [(name, getattr(config, name)) for name in names]
+    from .gating import FIELDS
+
+    return [(name, getattr(config, name)) for name in FIELDS]
 
 
 def count_parameters(config: GatedQwenConfig) -> tuple[int, int]:
     """(all parameters, gate parameters) of `GatedQwenForCausalLM(config)`, counted on the meta device."""
+    import torch
+
     from .modeling_gated import GatedQwenForCausalLM
 
     with torch.device("meta"):
@@ -95,6 +89,9 @@ def read_eval_results(path: str | os.PathLike) -> list[EvalResult]:
     """Reads a JSON list of results, each an object with `huggingface_hub.EvalResult`'s fields, e.g.
     `{"task_type": "text-generation", "dataset_type": "wikitext", "dataset_name": "WikiText-103",
     "metric_type": "perplexity", "metric_value": 12.3}`."""
+    from huggingface_hub import EvalResult
+
+    fields = [field.name for field in dataclasses.fields(EvalResult) if field.init]
     path = Path(path)
     if not path.is_file():
         raise CardError(f"--eval-results {str(path)!r} is not a file; give a JSON file with a list of results.")
@@ -105,19 +102,19 @@ def read_eval_results(path: str | os.PathLike) -> list[EvalResult]:
     if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
         raise CardError(
             f"--eval-results {str(path)!r} must hold a non-empty JSON list of objects with the fields "
-            f"{_EVAL_REQUIRED} (and optionally {[f for f in _EVAL_FIELDS if f not in _EVAL_REQUIRED]})."
+            f"{_EVAL_REQUIRED} (and optionally {[f for f in fields if f not in _EVAL_REQUIRED]})."
         )
     results = []
     for i, entry in enumerate(entries):
         missing = [f for f in _EVAL_REQUIRED if f not in entry]
-        unknown = sorted(set(entry) - set(_EVAL_FIELDS))
+        unknown = sorted(set(entry) - set(fields))
         if missing or unknown:
             raise CardError(
                 f"--eval-results {str(path)!r}, result {i}: "
                 + (f"missing {missing}" if missing else "")
                 + ("; " if missing and unknown else "")
                 + (f"unknown field(s) {unknown}" if unknown else "")
-                + f". The fields are {_EVAL_FIELDS}; {_EVAL_REQUIRED} are required."
+                + f". The fields are {fields}; {_EVAL_REQUIRED} are required."
             )
         results.append(EvalResult(**entry))
     return results
@@ -133,6 +130,8 @@ def model_card(
     eval_results: list[EvalResult] | None = None,
 ) -> ModelCard:
     """The card of a GatedQwen model with this config (see the module docstring for what it holds)."""
+    from huggingface_hub import ModelCard, ModelCardData
+
     num_parameters, gate_parameters = count_parameters(config)
     data = ModelCardData(
         model_name=model_name,
@@ -158,16 +157,47 @@ def model_card(
     )
 
 
-def push_card_if_missing(model, repo_id: str, *, token: str | None = None, private: bool | None = None) -> bool:
-    """Creates `repo_id` if needed and uploads this package's card for `model` when the repository has no
-    README.md yet (`push_to_hub` of a GatedQwen model calls this first, so Transformers then keeps the card instead
-    of writing its generic one). Returns whether a card was uploaded."""
+def install_card(model_class) -> None:
+    """Makes `push_to_hub` and `save_pretrained(push_to_hub=True)` of `model_class` (and its subclasses) commit this
+    package's card as the README.md of the model's own commit when the revision it goes to has no card yet (a card
+    already there is kept, as Transformers keeps it). Called once when the package registers the model; a model
+    loaded as remote code without the package keeps Transformers' generic card.
+
+    The hook is `_upload_modified_files`, the step where Transformers holds the folder it is about to upload (with
+    the README.md it wrote from `create_and_tag_model_card`) and the target revision together, right before the one
+    commit; the card replaces that README.md there, so it goes to the same branch or pull request as the weights."""
+    from huggingface_hub import ModelCard
+
+    upload = model_class._upload_modified_files
+    if getattr(upload, "gated_qwen_card", False):
+        return
+
+    @functools.wraps(upload)
+    def _upload_modified_files(self, working_dir, repo_id, *args, **kwargs):
+        readme = Path(working_dir) / "README.md"
+        if readme.is_file() and not target_has_card(repo_id, kwargs.get("revision"), kwargs.get("token")):
+            tags = ModelCard.load(readme).data.tags or []  # the model's and the caller's tags, kept
+            card = model_card(self.config, model_name=repo_id.split("/")[-1], repo_id=repo_id)
+            card.data.tags = [*TAGS, *(tag for tag in tags if tag not in TAGS)]
+            card.save(readme)
+        return upload(self, working_dir, repo_id, *args, **kwargs)
+
+    _upload_modified_files.gated_qwen_card = True
+    model_class._upload_modified_files = _upload_modified_files
+
+
+def target_has_card(repo_id: str, revision: str | None = None, token: str | bool | None = None) -> bool:
+    """Whether the revision a push to `repo_id` lands on already has a README.md: `revision` (default `main`; a pull
+    request starts from it), or `main` when `revision` names a branch that does not exist yet (it is created from
+    `main`)."""
+    from huggingface_hub import HfApi
+
     api = HfApi(token=token)
-    api.create_repo(repo_id, private=private, exist_ok=True)
-    if api.file_exists(repo_id, "README.md"):
-        return False
-    model_card(model.config, model_name=repo_id.split("/")[-1], repo_id=repo_id).push_to_hub(repo_id, token=token)
-    return True
+    revision = revision or "main"
+    if api.file_exists(repo_id, "README.md", revision=revision):
+        return True
+    new_branch = revision != "main" and not revision.startswith("refs/") and not api.revision_exists(repo_id, revision)
+    return new_branch and api.file_exists(repo_id, "README.md")
 
 
 def load_model_config(model_dir: str | os.PathLike) -> GatedQwenConfig:
@@ -176,7 +206,14 @@ def load_model_config(model_dir: str | os.PathLike) -> GatedQwenConfig:
     config_file = model_dir / "config.json"
     if not config_file.is_file():
         raise CardError(f"MODEL_DIR {str(model_dir)!r} has no config.json; give a folder written by save_pretrained.")
-    config_dict = json.loads(config_file.read_text())
+    from .configuration_gated import GatedQwenConfig
+
+    try:
+        config_dict = json.loads(config_file.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CardError(f"{str(config_file)!r} is not valid JSON ({error}).") from None
+    if not isinstance(config_dict, dict):
+        raise CardError(f"{str(config_file)!r} must hold a JSON object.")
     if config_dict.get("model_type") != GatedQwenConfig.model_type:
         raise CardError(
             f"MODEL_DIR {str(model_dir)!r} holds model_type {config_dict.get('model_type')!r}, not "
@@ -205,34 +242,29 @@ def write_card(
     repo_id: str | None = None,
     overwrite: bool = False,
 ) -> Path:
-    """Writes MODEL_DIR/README.md (whole or not at all); an existing card is replaced only with `overwrite`."""
+    """Writes MODEL_DIR/README.md (whole or not at all, through `gated_qwen.outputs`); an existing card is replaced
+    only with `overwrite`, and never when it is one of the files the card is made from."""
+    from .outputs import check_output, output_file
+
     model_dir = Path(model_dir)
-    config = load_model_config(model_dir)
     destination = model_dir / "README.md"
-    if destination.exists() and not overwrite:
-        raise CardError(f"{str(destination)!r} exists; pass --overwrite to replace it.")
+    out = dict(inputs=[model_dir / "config.json", eval_results, *model_dir.glob("*.py")], overwrite=overwrite,
+               label="the card")
+    if model_dir.is_dir():
+        check_output(destination, kind="file", **out)
+    config = load_model_config(model_dir)
     results = read_eval_results(eval_results) if eval_results is not None else None
     card = model_card(config, model_name=model_name or model_dir.resolve().name, repo_id=repo_id,
                       base_model=base_model, license=license, eval_results=results)
-    fd, tmp = tempfile.mkstemp(dir=model_dir, prefix=".README.", suffix=".md.tmp")
-    os.close(fd)
-    try:
-        card.save(tmp)
-        os.replace(tmp, destination)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    with output_file(destination, **out) as path:
+        card.save(path)
     return destination
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        path = write_card(args.model_dir, base_model=args.base_model, license=args.license,
-                          eval_results=args.eval_results, model_name=args.model_name, repo_id=args.repo_id,
-                          overwrite=args.overwrite)
-    except CardError as error:
-        print(f"gated-qwen card: error: {error}", file=sys.stderr)
-        return 2
+    path = write_card(args.model_dir, base_model=args.base_model, license=args.license,
+                      eval_results=args.eval_results, model_name=args.model_name, repo_id=args.repo_id,
+                      overwrite=args.overwrite)
     print(f"wrote {path}")
     return 0
 

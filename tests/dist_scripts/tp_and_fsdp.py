@@ -9,6 +9,7 @@ loaded in that dtype). Rank 0 writes, for the test to hold against one process:
   decoder layer and the root), each rank training on its half of the batch.
 """
 
+import json
 import sys
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM
 from transformers.distributed import DistributedConfig
 
-import gated_qwen  # noqa: F401  (registers model_type "gated_qwen")
+import gated_qwen  # registers model_type "gated_qwen")
 
 
 def full(t: torch.Tensor) -> torch.Tensor:
@@ -28,13 +29,19 @@ def full(t: torch.Tensor) -> torch.Tensor:
 
 
 def tensor_parallel(model_dir: Path, input_ids: torch.Tensor, dtype: torch.dtype) -> dict:
-    model = AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=dtype, distributed_config=DistributedConfig(tp_plan="auto")
+    # A gated_qwen folder through the Auto class; a folder of another format (the paper's release) the way its
+    # README says: through GatedQwenForCausalLM.
+    # (a stock Qwen3 folder gets the gate fields in MODEL_DIR/../<name>.gate.json)
+    native = json.loads((model_dir / "config.json").read_text())["model_type"] == "gated_qwen"
+    gate_file = model_dir.parent / f"{model_dir.name}.gate.json"
+    gate = json.loads(gate_file.read_text()) if gate_file.exists() else {}
+    model = (AutoModelForCausalLM if native else gated_qwen.GatedQwenForCausalLM).from_pretrained(
+        model_dir, dtype=dtype, distributed_config=DistributedConfig(tp_plan="auto"), **gate
     )
     out = model(input_ids, labels=input_ids)
     out.loss.backward()
-    attn = model.model.layers[0].self_attn
-    gate = attn.g_proj.weight if hasattr(attn, "g_proj") else attn.gate_logits
+    gate = model.model.layers[0].self_attn.gate
+    gate = gate.g_proj.weight if hasattr(gate, "g_proj") else gate.logits
     return {
         "logits": out.logits.detach(),
         "loss": out.loss.detach(),

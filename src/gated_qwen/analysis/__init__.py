@@ -5,9 +5,18 @@
 - `data`: the built-in synthetic corpus.
 - `reproduce`: trains tiny baseline / gated / control models with the Transformers `Trainer` and measures them.
 - `cli`: `gated-qwen analyze`, `gated-qwen eval-ppl`, `gated-qwen reproduce`.
+
+The names below are imported on first use, so that the command line can load `cli` without the model stack.
 """
 
-from .data import SyntheticLanguage
-from .measure import analyze, first_token_attention, mean_nll, perplexity_by_length, with_yarn
+import importlib
 
-__all__ = ["SyntheticLanguage", "analyze", "first_token_attention", "mean_nll", "perplexity_by_length", "with_yarn"]
+_EXPORTS = {"SyntheticLanguage": "data", "analyze": "measure", "first_token_attention": "measure",
+            "mean_nll": "measure", "perplexity_by_length": "measure", "with_yarn": "measure"}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

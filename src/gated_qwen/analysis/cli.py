@@ -1,19 +1,24 @@
-"""`gated-qwen analyze`, `gated-qwen eval-ppl` and `gated-qwen reproduce`."""
+"""`gated-qwen analyze`, `gated-qwen eval-ppl` and `gated-qwen reproduce`.
+
+Defining the parser imports no model code; each command imports it when it runs. Outputs go through
+`gated_qwen.outputs`: `--out` may not be, contain or lie inside MODEL or an input file, appears whole or not at all,
+and replaces an existing one only with `--overwrite`. Bad input raises `ValueError` with the reason, which the
+`gated-qwen` command prints as one line (exit status 2).
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+from ..outputs import check_output, output_file, output_folder, write_json
 
-from .data import HELDOUT_SEED, SyntheticLanguage
-from .report import markdown_table, output_folder
+if TYPE_CHECKING:
+    import torch
 
 
 # ------------------------------------------------------------------------------------------------ input data
@@ -23,6 +28,8 @@ class Inputs:
     `reproduce`). Every window starts the way training sequences did: with BOS where there is one."""
 
     def __init__(self, model_path: str, vocab_size: int, text: str | None, tokens: str | None):
+        from .data import SyntheticLanguage
+
         self.vocab_size = vocab_size
         self.stream = self.rows = None
         for option, path in (("--text", text), ("--tokens", tokens)):
@@ -36,13 +43,22 @@ class Inputs:
             except (OSError, ValueError) as error:
                 raise ValueError(f"--text needs a tokenizer in MODEL {model_path!r}, and none loads ({error}). Pass "
                                  "--tokens FILE (a safetensors file holding `input_ids` [N, S]) instead.") from None
-            self.stream = tokenizer(Path(text).read_text(), add_special_tokens=False)["input_ids"]
+            try:
+                content = Path(text).read_text()
+            except UnicodeDecodeError as error:
+                raise ValueError(f"--text {text!r} is not UTF-8 text ({error.reason} at byte {error.start}).") from None
+            self.stream = tokenizer(content, add_special_tokens=False)["input_ids"]
             self.bos = tokenizer.bos_token_id
             self.description = f"{text} ({len(self.stream)} tokens, {type(tokenizer).__name__})"
         elif tokens:
+            from safetensors import SafetensorError
             from safetensors.torch import load_file
 
-            tensors = load_file(tokens)
+            try:
+                tensors = load_file(tokens)
+            except SafetensorError as error:
+                raise ValueError(f"--tokens {tokens!r} is not a safetensors file ({' '.join(str(error).split())}); "
+                                 "give a safetensors file holding `input_ids` [N, S].") from None
             if "input_ids" not in tensors or tensors["input_ids"].dim() != 2:
                 raise ValueError(f"--tokens {tokens!r} must hold a 2-D integer tensor `input_ids` [N, S]; it holds "
                                  f"{ {k: tuple(v.shape) for k, v in tensors.items()} }.")
@@ -60,6 +76,10 @@ class Inputs:
 
     def windows(self, length: int, count: int) -> torch.Tensor:
         """`[n, length]` with n <= `count` windows (fewer only when a text is too short for `count`)."""
+        import torch
+
+        from .data import HELDOUT_SEED
+
         if self.stream is not None:
             body = length - (self.bos is not None)
             n = min(count, len(self.stream) // body)
@@ -81,36 +101,38 @@ class Inputs:
 
 
 def _load_model(path: str, dtype: str, device: str):
-    from transformers import AutoModelForCausalLM
+    """A gated_qwen folder, or one `GatedQwenForCausalLM.from_pretrained` reads directly (the paper's release, stock
+    Qwen3, Qwen3.5; other model types are refused with the reason)."""
+    import torch
 
-    from .. import GatedQwenConfig  # noqa: F401  (registers model_type "gated_qwen")
+    from .. import GatedQwenForCausalLM
 
     if not (Path(path) / "config.json").is_file():
         raise ValueError(f"MODEL {path!r} is not a model folder (no config.json); pass a folder written by "
                          "save_pretrained.")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), attn_implementation="sdpa")
-    if model.config.model_type != "gated_qwen":
-        raise ValueError(f"MODEL {path!r} is a {model.config.model_type!r} model; the analysis reads GatedQwen "
-                         "models (convert it first with `gated-qwen convert`).")
+    model = GatedQwenForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), attn_implementation="sdpa")
     return model.to(device).eval()
 
 
 def _device(name: str) -> str:
+    import torch
+
     return ("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name
 
 
 # --------------------------------------------------------------------------------------------------- analyze
 def run_analyze(args) -> int:
     from . import measure
-    from .report import check_output_folder, write_analysis
+    from .report import write_analysis
 
-    check_output_folder(Path(args.out), args.overwrite)  # before the slow part
+    out = dict(inputs=[args.model, args.text, args.tokens], overwrite=args.overwrite, create_parents=True)
+    check_output(args.out, **out)  # before the slow part
     model = _load_model(args.model, args.dtype, _device(args.device))
     inputs = Inputs(args.model, model.config.vocab_size, args.text, args.tokens)
     ids = inputs.windows(args.length, args.sequences)
     layers = model.config.num_hidden_layers
     map_layers = args.map_layers if args.map_layers is not None else sorted({0, layers // 2, layers - 1})
-    with output_folder(Path(args.out), args.overwrite) as folder:
+    with output_folder(args.out, **out) as folder:
         started = time.perf_counter()
         result = measure.analyze(model, ids, batch_size=args.batch_size, map_tokens=args.map_tokens,
                                  map_layers=map_layers, progress=ids.numel() >= 8192)
@@ -125,9 +147,11 @@ def run_analyze(args) -> int:
 # -------------------------------------------------------------------------------------------------- eval-ppl
 def run_eval_ppl(args) -> int:
     from .measure import perplexity_by_length
+    from .report import markdown_table
 
-    if args.out and Path(args.out).exists() and not args.overwrite:
-        raise ValueError(f"--out {args.out!r} exists; pass --overwrite to replace it.")
+    out = dict(inputs=[args.model, args.text, args.tokens], overwrite=args.overwrite, create_parents=True)
+    if args.out:
+        check_output(args.out, kind="file", **out)  # before the slow part
     model = _load_model(args.model, args.dtype, _device(args.device))
     inputs = Inputs(args.model, model.config.vocab_size, args.text, args.tokens)
     rows = perplexity_by_length(model, lambda length: inputs.windows(length, args.sequences), args.lengths,
@@ -137,18 +161,21 @@ def run_eval_ppl(args) -> int:
     print(markdown_table(header, [[r["length"], r["sequences"], r["ppl"]] + ([r["ppl_yarn"]] if args.yarn else [])
                                   for r in rows]))
     if args.out:
-        tmp = Path(args.out).with_name(Path(args.out).name + ".partial")
-        tmp.write_text(json.dumps({"model": args.model, "data": inputs.description, "yarn_factor": args.yarn,
-                                   "rows": rows}, indent=1) + "\n")
-        os.replace(tmp, args.out)
+        with output_file(args.out, **out) as path:
+            write_json(path, {"model": args.model, "data": inputs.description, "yarn_factor": args.yarn, "rows": rows})
     return 0
 
 
 # ------------------------------------------------------------------------------------------------- reproduce
 def run_reproduce(args) -> int:
-    from . import reproduce
-    from .report import check_output_folder, write_reproduce
+    import torch
 
+    from . import reproduce
+    from .data import HELDOUT_SEED
+    from .report import write_reproduce
+
+    if args.preset not in reproduce.PRESETS:
+        raise ValueError(f"--preset {args.preset!r} is not a preset; choose one of {', '.join(reproduce.PRESETS)}.")
     base = reproduce.PRESETS[args.preset]
     size = {}
     if args.hidden_size:
@@ -168,12 +195,13 @@ def run_reproduce(args) -> int:
         raise ValueError(f"--seed {HELDOUT_SEED} draws the held-out documents; choose another seed.")
     for variant in variants:
         reproduce.model_config(preset, variant)  # a size the model refuses fails now, not in a worker
-    check_output_folder(Path(args.out), args.overwrite)
+    out = dict(overwrite=args.overwrite, create_parents=True)
+    check_output(args.out, **out)
     runs = len(variants) * len(preset.learning_rates)
     jobs = args.jobs or (1 if torch.cuda.is_available() else min(runs, os.cpu_count() or 1))
     device = (torch.cuda.get_device_name(0) if torch.cuda.is_available()
               else f"{os.cpu_count()} CPU cores ({reproduce.cpu_name()})")
-    with output_folder(Path(args.out), args.overwrite) as folder:
+    with output_folder(args.out, **out) as folder:
         from safetensors.torch import save_file
 
         started = time.perf_counter()
@@ -221,20 +249,7 @@ def _add_model_inputs(parser) -> None:
     parser.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda when available)")
 
 
-def _guarded(func):
-    def run(args) -> int:
-        try:
-            return func(args)
-        except ValueError as error:
-            print(f"error: {error}", file=sys.stderr)
-            return 2
-
-    return run
-
-
 def register(subparsers) -> None:
-    from . import reproduce
-
     parser = subparsers.add_parser(
         "analyze", help="F-Attn, M-Act, gate statistics and attention maps of a model (report.md, report.json, PNGs)")
     _add_model_inputs(parser)
@@ -244,7 +259,7 @@ def register(subparsers) -> None:
     parser.add_argument("--sequences", type=_positive_int, default=1, help="sequences to average over (default 1)")
     parser.add_argument("--map-tokens", type=_positive_int, default=32, help="attention maps of the first N tokens")
     parser.add_argument("--map-layers", type=int, nargs="+", help="layers to draw (default: first, middle, last)")
-    parser.set_defaults(func=_guarded(run_analyze))
+    parser.set_defaults(func=run_analyze)
 
     parser = subparsers.add_parser("eval-ppl", help="perplexity against context length, with and without YaRN")
     _add_model_inputs(parser)
@@ -254,13 +269,14 @@ def register(subparsers) -> None:
     parser.add_argument("--sequences", type=_positive_int, default=8, help="windows per length (default 8)")
     parser.add_argument("--out", metavar="FILE", help="also write the rows as JSON")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
-    parser.set_defaults(func=_guarded(run_eval_ppl))
+    parser.set_defaults(func=run_eval_ppl)
 
     parser = subparsers.add_parser(
         "reproduce", help="train tiny baseline/gated models on built-in data, analyse them, write report.md (the demo)")
-    parser.add_argument("--preset", choices=list(reproduce.PRESETS), default="default",
+    parser.add_argument("--preset", default="default",
                         help="smoke: seconds; default: ~5 min on 2 CPU cores; large: a GPU or an afternoon")
-    parser.add_argument("--variants", help=f"comma-separated subset of {','.join(reproduce.VARIANTS)}")
+    parser.add_argument("--variants", help="comma-separated subset of the variants (default: all; the report lists "
+                                           "them, e.g. baseline,g1-elementwise)")
     parser.add_argument("--steps", type=_positive_int, help="training steps per run")
     parser.add_argument("--hidden-size", type=_positive_int, help="model width (heads keep their number)")
     parser.add_argument("--layers", type=_positive_int, help="decoder layers")
@@ -271,4 +287,4 @@ def register(subparsers) -> None:
     parser.add_argument("--jobs", type=_positive_int, help="runs trained at once (default: one per CPU core on CPU)")
     parser.add_argument("--out", default="runs/reproduce", metavar="DIR", help="output folder (default runs/reproduce)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing non-empty --out")
-    parser.set_defaults(func=_guarded(run_reproduce))
+    parser.set_defaults(func=run_reproduce)

@@ -8,14 +8,18 @@
 - gate statistics per layer and head: mean score, histogram, share of scores below 0.1 and 0.5;
 - perplexity against context length, with and without YaRN.
 
-The model runs with a capturing attention function (`CAPTURE_ATTENTION`) that computes exactly what SDPA computes
-and shows the queries, keys and output of every layer to this module; a backend that fuses the gate into attention
-would return the gated output instead, so the analysis always switches to it and restores the model's own after.
+Where the numbers come from, all through public interfaces: the gate logits of every layer from the model's own
+output capturing (`output_gate_logits=True`); the queries, keys and output of every attention call from a capturing
+attention function (`CAPTURE_ATTENTION`, registered with Transformers' `AttentionInterface`), which computes
+exactly what SDPA computes and hands them to the analysis running in this context (a backend that fuses the gate
+into attention would return the gated output instead, so the analysis always switches to it and restores the
+model's own after); what `o_proj` receives and what each decoder layer returns from PyTorch forward hooks.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import copy
 import math
 
@@ -30,13 +34,17 @@ CAPTURE_ATTENTION = "gated_qwen_capture"
 GATE_BINS = 20  # gate score histograms: 20 equal bins over [0, 1]; scores outside [0, 1] fall into the end bins
 
 
+_ACTIVE_RECORDER: contextvars.ContextVar[_Recorder | None] = contextvars.ContextVar("gated_qwen_analysis",
+                                                                                      default=None)
+
+
 def _capture_attention(module, query, key, value, attention_mask, **kwargs):
     """SDPA (`query: [B, Hq, S, D]`, `key, value: [B, Hkv, S, D]` -> `([B, S, Hq, D], None)`) that also hands
-    the query, key and output to `module._analysis_record` when the analysis set one."""
+    the query, key and output to the analysis running in this context, if any."""
     output, weights = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    record = getattr(module, "_analysis_record", None)
-    if record is not None:
-        record(module, query, key, output)
+    recorder = _ACTIVE_RECORDER.get()
+    if recorder is not None:
+        recorder.attention(module, query, key, output)
     return output, weights
 
 
@@ -127,13 +135,13 @@ class _Recorder:
     def o_proj_input(self, layer: int, args) -> None:
         self.gated_sum[layer] += args[0].abs().sum(dtype=torch.float64).item()
 
-    # -- forward pre-hook on self_attn: the gate scores from its input (the normed hidden state)
-    def gate_input(self, module, hidden_states: torch.Tensor) -> None:
-        """`hidden_states: [B, S, hidden]`, the input of `module` (a gated attention layer)."""
-        scores = module.gate_act(module._gate_logits(hidden_states)).double()
-        heads, width = module.gate_shape
-        scores = scores.expand(*hidden_states.shape[:-1], heads, width).movedim(-2, 0).reshape(heads, -1)
-        stats = self.gates.setdefault(module.layer_idx, {
+    # -- the model's `gate_logits` output: the gate scores of one layer
+    def gate_logits(self, layer: int, gate, logits: torch.Tensor, tokens: tuple[int, int]) -> None:
+        """`logits`: layer `layer`'s gate logits (`[B, S, heads, width]`, or `[heads, width]` for the
+        input-independent gate, broadcast over the `tokens` = (B, S)); `gate`: its `GatedQwenGate`."""
+        heads, width = gate.heads, gate.width
+        scores = gate.activation(logits.double()).expand(*tokens, heads, width).movedim(-2, 0).reshape(heads, -1)
+        stats = self.gates.setdefault(layer, {
             "sum": torch.zeros(heads, dtype=torch.float64), "count": torch.zeros((), dtype=torch.float64),
             "below_0.1": torch.zeros(heads, dtype=torch.float64), "below_0.5": torch.zeros(heads, dtype=torch.float64),
             "histogram": torch.zeros(heads, GATE_BINS, dtype=torch.float64),
@@ -208,30 +216,25 @@ def _decoder(model):
 
 @contextlib.contextmanager
 def _capturing(model, recorder: _Recorder):
-    """Runs `model` with the capturing attention function and the recorder's hooks; restores both on exit."""
+    """Runs `model` with the capturing attention function, this recorder active and its forward hooks on `o_proj`
+    and the decoder layers; restores the model's attention implementation and removes the hooks on exit."""
     decoder = _decoder(model)
     previous = model.config._attn_implementation
     handles = []
+    token = _ACTIVE_RECORDER.set(recorder)
     model.set_attn_implementation(CAPTURE_ATTENTION)
     try:
         for i, layer in enumerate(decoder.layers):
-            attention = layer.self_attn
-            attention._analysis_record = recorder.attention
-            handles.append(attention.o_proj.register_forward_pre_hook(
+            handles.append(layer.self_attn.o_proj.register_forward_pre_hook(
                 lambda module, args, i=i: recorder.o_proj_input(i, args)))
             handles.append(layer.register_forward_hook(
                 lambda module, args, output, i=i: recorder.layer_output(i, output)))
-            if attention.gate_position is not None:
-                handles.append(attention.register_forward_pre_hook(
-                    lambda module, args, kwargs: recorder.gate_input(module, kwargs.get("hidden_states", *args[:1])),
-                    with_kwargs=True))
         yield
     finally:
         for handle in handles:
             handle.remove()
-        for layer in decoder.layers:
-            layer.self_attn.__dict__.pop("_analysis_record", None)
         model.set_attn_implementation(previous)
+        _ACTIVE_RECORDER.reset(token)
 
 
 @torch.no_grad()
@@ -276,9 +279,13 @@ def analyze(
     was_training = model.training
     model.eval()
     try:
+        decoder = _decoder(model)
         with _capturing(model, recorder):
             for batch in batches:
-                _decoder(model)(input_ids=batch.to(device), use_cache=False)
+                out = decoder(input_ids=batch.to(device), use_cache=False, output_gate_logits=True)
+                for layer, logits in enumerate(out.gate_logits):
+                    if logits is not None:
+                        recorder.gate_logits(layer, decoder.layers[layer].self_attn.gate, logits, tuple(batch.shape))
                 recorder.sequences += batch.shape[0]
     finally:
         model.train(was_training)

@@ -1,40 +1,14 @@
-"""Writes what `analyze` and `reproduce` found: `report.json`, `report.md` and PNG plots, into a folder that
-appears whole or not at all (built beside the destination, renamed into place at the end)."""
+"""Writes what `analyze` and `reproduce` found: `report.json`, `report.md` and PNG plots, into a folder (the
+command's staging folder from `gated_qwen.outputs`, which appears whole or not at all)."""
 
 from __future__ import annotations
 
 import json
 import math
-from contextlib import contextmanager
 from pathlib import Path
 
-from ..conversion.io import publish, staging_folder
+from ..outputs import write_json
 from . import plots
-
-
-def check_output_folder(path: Path, overwrite: bool) -> None:
-    """Refuses a file, or an existing non-empty folder unless `overwrite`."""
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"--out {str(path)!r} exists and is not a folder; choose a folder path.")
-    if path.is_dir() and any(path.iterdir()) and not overwrite:
-        raise ValueError(f"--out {str(path)!r} already exists and is not empty; pass --overwrite to replace it, or "
-                         "choose another folder.")
-
-
-@contextmanager
-def output_folder(path: Path, overwrite: bool):
-    """Yields a staging folder beside `path` (parents created); on success it replaces `path` (the conversion's
-    `publish`), on failure it is removed."""
-    path = Path(path)
-    check_output_folder(path, overwrite)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with staging_folder(path) as tmp:
-        yield tmp
-    publish(tmp, path)
-
-
-def write_json(path: Path, data: dict) -> None:
-    path.write_text(json.dumps(data, indent=1, allow_nan=True) + "\n")
 
 
 def _fmt(value, digits: int = 3) -> str:

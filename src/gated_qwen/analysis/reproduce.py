@@ -172,7 +172,7 @@ def _train_and_measure_quietly(preset: Preset, variant: str, learning_rate: floa
         "variant": variant,
         "learning_rate": learning_rate,
         "parameters": sum(p.numel() for p in model.parameters()),
-        "gate_parameters": sum(p.numel() for n, p in model.named_parameters() if "g_proj" in n or "gate_logits" in n),
+        "gate_parameters": model.config.gate_parameters_per_layer() * len(model.config.gated_layers),
         "train_loss": losses,
         "grad_norm": [float(entry.get("grad_norm", math.nan)) for entry in history],
         "final_train_loss": sum(losses[-SPIKE_WINDOW:]) / len(losses[-SPIKE_WINDOW:]),

@@ -14,49 +14,74 @@ GatedQwen checkpoint. Formats:
 - `"qwen3_next"`: GatedQwen (G1 sigmoid gate; with experts, a shared expert) <-> Qwen3-Next with every layer full
   attention, dense or mixture-of-experts (see `qwen3_next.py`).
 
-Every conversion streams tensors (one output shard in memory at a time), writes sharded safetensors with an index,
-shows progress, builds the result in a temporary folder beside `dst` that is renamed into place only when complete
-(and verified), refuses an existing `dst` unless `overwrite=True` and pickled `.bin` weights unless
-`allow_pickle=True`. `verify` (default: on for models up to 500M parameters) compares the logits of source and
-result on random sequences and raises `VerificationError` beyond the stated tolerance.
+The formats are a registry (`formats.py`) from which `FROM_FORMATS`, `TO_FORMATS` and the command line's choices
+come. Every conversion streams tensors (one output shard in memory at a time), writes sharded safetensors with an
+index, shows progress, and writes `dst` through `gated_qwen.outputs` (refused when it is, contains or lies inside
+`src`; built in a staging folder beside it and renamed into place only when complete; an existing `dst` replaced
+only with `overwrite=True`). Pickled `.bin` weights are read only with `allow_pickle=True`. Whatever `verify` says,
+the conversion checks the structure (`structure.py`): the source matches its config, and the result holds every
+parameter of the model its written config describes, once, with the right shape, and nothing else. `verify`
+(default: on for models up to 500M parameters) compares the logits of source and result on random sequences on top
+and raises `VerificationError` beyond the stated tolerance.
+
+Importing this package is light (no torch); `convert` imports the model stack when it runs.
 """
 
 from __future__ import annotations
 
 import os
-import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from .io import (
-    Checkpoint,
-    ConversionError,
-    carry_files,
-    check_destination,
-    parse_size,
-    publish,
-    staging_folder,
-    write_weights,
-)
-from .verify import VERIFY_MAX_PARAMETERS, VERIFY_RTOL, VerificationError
-from .verify import verify as _verify
-
-FROM_FORMATS = ("release", "qwen3", "qwen3_5", "qwen3_next", "qwen3_moe")
-TO_FORMATS = ("release", "qwen3_5", "qwen3_next")
+from ..outputs import OutputError, clean_stale, output_folder, say
+from .errors import ConversionError, VerificationError
+from .formats import FORMATS, FROM_FORMATS, TO_FORMATS
+from .verify import VERIFY_MAX_PARAMETERS, VERIFY_RTOL
 
 
-def _say(message: str) -> None:
-    print(message, file=sys.stderr)
+def _write_config(config, folder: Path, kind: str) -> None:
+    """config.json (for GatedQwen plus the modeling files, so the folder loads with `trust_remote_code=True`
+    without the package)."""
+    if kind == "release":
+        from ..outputs import write_json
+
+        write_json(folder / "config.json", config)
+    elif kind == "gated_qwen":
+        from transformers.dynamic_module_utils import custom_object_save
+
+        from .. import GatedQwenForCausalLM
+
+        config.architectures = ["GatedQwenForCausalLM"]
+        config.save_pretrained(folder)
+        custom_object_save(GatedQwenForCausalLM, folder)
+    else:
+        config.save_pretrained(folder)
 
 
-def _write_gated_config(config, folder: Path) -> None:
-    """config.json plus the modeling files, so the folder loads with `trust_remote_code=True` without the package."""
-    from transformers.dynamic_module_utils import custom_object_save
+@contextmanager
+def _refusals_as_conversion_errors() -> Iterator[None]:
+    """The destination's refusals (`gated_qwen.outputs`) raised as the ConversionError that `convert` promises."""
+    try:
+        yield
+    except OutputError as error:
+        raise ConversionError(str(error)) from None
 
-    from .. import GatedQwenForCausalLM
 
-    config.architectures = ["GatedQwenForCausalLM"]
-    config.save_pretrained(folder)
-    custom_object_save(GatedQwenForCausalLM, folder)
+def _plan(fmt, export: bool, ckpt, add_gate):
+    """The format's planner, with a config.json whose values the config classes refuse reported as such."""
+    from huggingface_hub.errors import StrictDataclassError
+
+    planner = fmt.planner(export)
+    try:
+        return planner(ckpt, add_gate) if fmt.takes_gate and not export else planner(ckpt)
+    except ConversionError:
+        raise
+    except (StrictDataclassError, ValueError, TypeError) as error:
+        direction = f"a {fmt.name} checkpoint" if not export else "a gated_qwen checkpoint"
+        raise ConversionError(
+            f"SRC's config.json is not a valid config of {direction}: {' '.join(str(error).split())}"
+        ) from None
 
 
 def convert(
@@ -74,132 +99,76 @@ def convert(
     """Converts the checkpoint folder `src` into the new folder `dst` and returns `dst`.
 
     Exactly one of `from_format` (import into GatedQwen; one of `FROM_FORMATS`) and `to_format` (export a GatedQwen
-    checkpoint; one of `TO_FORMATS`). `add_gate`: only with `from_format="qwen3"` (or `"qwen3_moe"`), `"elementwise"`, `"headwise"` or a
-    dict / JSON object of gate fields. `max_shard_size` (bytes or e.g. `"2GB"`) defaults to half the size of the
-    largest weight file of `src`: peak memory is about one output shard plus the imports (~0.45 GB), which keeps it
-    within 1.5x the largest input shard for shards of 0.5 GB or more. Raises `ConversionError` (a `ValueError`) with
-    the reason before anything is written, and `VerificationError` if verification fails (nothing is written then
-    either).
+    checkpoint; one of `TO_FORMATS`). `add_gate`: only with `from_format="qwen3"` (or `"qwen3_moe"`), `"elementwise"`,
+    `"headwise"` or a dict / JSON object of gate fields. `max_shard_size` (bytes or e.g. `"2GB"`) defaults to half
+    the size of the largest weight file of `src`: peak memory is about one output shard plus the imports (~0.45 GB),
+    which keeps it within 1.5x the largest input shard for shards of 0.5 GB or more. Raises `ConversionError` (a
+    `ValueError`) with the reason, and `VerificationError` if verification fails; nothing is written then.
     """
     if (from_format is None) == (to_format is None):
         raise ConversionError("give exactly one of --from FORMAT (import into gated_qwen) or --to FORMAT (export).")
-    if from_format is not None and from_format not in FROM_FORMATS:
-        raise ConversionError(f"--from {from_format!r} is not a format; choose one of {', '.join(FROM_FORMATS)}.")
-    if to_format is not None and to_format not in TO_FORMATS:
-        raise ConversionError(f"--to {to_format!r} is not a format; choose one of {', '.join(TO_FORMATS)}.")
-    if add_gate is not None and from_format not in ("qwen3", "qwen3_moe"):
-        raise ConversionError(
-            "--add-gate applies to `--from qwen3` and `--from qwen3_moe` only (stock checkpoints without a gate)."
-        )
+    export = to_format is not None
+    name, choices = (to_format, TO_FORMATS) if export else (from_format, FROM_FORMATS)
+    if name not in choices:
+        raise ConversionError(f"{'--to' if export else '--from'} {name!r} is not a format; choose one of "
+                              f"{', '.join(choices)}.")
+    fmt = FORMATS[name]
+    if add_gate is not None and (export or not fmt.takes_gate):
+        gated = " and ".join(f"`--from {f}`" for f in FROM_FORMATS if FORMATS[f].takes_gate)
+        raise ConversionError(f"--add-gate applies to {gated} only (stock checkpoints without a gate).")
+    from .io import Checkpoint, carry_files, parse_size, write_weights
+    from .structure import check_plan, check_source, check_written
+
+    shard_size = parse_size(max_shard_size) if max_shard_size is not None else None
     src, dst = Path(src), Path(dst)
-    check_destination(src, dst, overwrite)
-    ckpt = Checkpoint(src, allow_pickle=allow_pickle)
-
-    if from_format == "release":
-        from .release import plan_release_to_gated as planner
-    elif from_format == "qwen3":
-        from .qwen3 import plan_qwen3_to_gated
-
-        def planner(ckpt):
-            return plan_qwen3_to_gated(ckpt, add_gate)
-    elif from_format == "qwen3_moe":
-        from .qwen3_moe import plan_qwen3_moe_to_gated
-
-        def planner(ckpt):
-            return plan_qwen3_moe_to_gated(ckpt, add_gate)
-    elif from_format == "qwen3_next":
-        from .qwen3_next import plan_qwen3_next_to_gated as planner
-    elif from_format == "qwen3_5":
-        from .qwen3_5 import plan_qwen3_5_to_gated as planner
-    elif to_format == "release":
-        from .release import plan_gated_to_release as planner
-    elif to_format == "qwen3_next":
-        from .qwen3_next import plan_gated_to_qwen3_next as planner
-    else:
-        from .qwen3_5 import plan_gated_to_qwen3_5 as planner
-    out_config, plan = planner(ckpt)
-
-    if from_format is not None:
-        src_kind = from_format if from_format in ("release", "qwen3") else ckpt.config["model_type"]
-        result_kind = "gated_qwen"
-    else:
-        result_kind = {"release": "release", "qwen3_5": "qwen3_5_text", "qwen3_next": "qwen3_next"}[to_format]
-        src_kind = "gated_qwen"
-    if verify is None:
-        verify = ckpt.parameter_count <= VERIFY_MAX_PARAMETERS
-        if not verify:
-            _say(f"not verifying: {ckpt.parameter_count / 1e6:.0f}M parameters is more than the default limit of "
-                 f"{VERIFY_MAX_PARAMETERS / 1e6:.0f}M; pass --verify to run it anyway.")
-    shard_size = parse_size(max_shard_size) if max_shard_size is not None else max(1, ckpt.largest_file_bytes // 2)
-
-    with staging_folder(dst) as tmp:
-        if result_kind == "gated_qwen":
-            _write_gated_config(out_config, tmp)
-        elif result_kind == "release":
-            from .io import write_json
-
-            write_json(tmp / "config.json", out_config)
-        else:
-            out_config.save_pretrained(tmp)
-        write_weights(plan, tmp, shard_size, desc=f"{src_kind} -> {result_kind}")
+    with _refusals_as_conversion_errors(), output_folder(dst, inputs=[src], overwrite=overwrite, label="DST") as tmp:
+        ckpt = Checkpoint(src, allow_pickle=allow_pickle)
+        out_config, plan = _plan(fmt, export, ckpt, add_gate)
+        src_kind = "gated_qwen" if export else "release" if name == "release" else ckpt.config["model_type"]
+        result_kind = fmt.writes if export else "gated_qwen"
+        check_source(ckpt, src_kind)
+        if verify is None:
+            verify = ckpt.parameter_count <= VERIFY_MAX_PARAMETERS
+            if not verify:
+                say(f"not verifying: {ckpt.parameter_count / 1e6:.0f}M parameters is more than the default limit of "
+                    f"{VERIFY_MAX_PARAMETERS / 1e6:.0f}M; pass --verify to run it anyway (the structure is checked "
+                    "either way).")
+        _write_config(out_config, tmp, result_kind)
+        check_plan(plan, result_kind, tmp)
+        write_weights(plan, tmp, shard_size or max(1, ckpt.largest_file_bytes // 2),
+                      desc=f"{src_kind} -> {result_kind}")
+        check_written(tmp, plan)
         carry_files(src, tmp)
         if verify:
             vocab = out_config["vocab_size"] if isinstance(out_config, dict) else out_config.vocab_size
-            error = _verify(src, src_kind, tmp, result_kind, vocab, allow_pickle=allow_pickle)
-            _say(f"verified: logits agree to {error:.2g} (max |difference| / max(1, max |logit|); tolerance "
-                 f"{VERIFY_RTOL:g})")
-        publish(tmp, dst)
+            from .verify import verify as run_verification
+
+            error = run_verification(src, src_kind, tmp, result_kind, vocab, allow_pickle=allow_pickle)
+            say(f"verified: logits agree to {error:.2g} (max |difference| / max(1, max |logit|); tolerance "
+                f"{VERIFY_RTOL:g})")
     if add_gate is not None:
         from .common import A7_NOTE
 
-        _say(A7_NOTE)
-    _say(f"wrote {dst} ({result_kind}, {len(plan)} tensors)")
+        say(A7_NOTE)
+    say(f"wrote {dst} ({result_kind}, {len(plan)} tensors)")
     return dst
 
 
-def release_to_gated(src, dst, **kwargs) -> Path:
-    """The paper's released checkpoint -> GatedQwen (see `convert`)."""
-    return convert(src, dst, from_format="release", **kwargs)
+def clean(path: str | os.PathLike) -> list[str]:
+    """Removes the staging folders that killed runs left for the output `path` (beside it) and for the outputs
+    inside the folder `path`, when their process has ended; returns what was done, one line each."""
+    return clean_stale(path, inside=True)
 
 
-def gated_to_release(src, dst, **kwargs) -> Path:
-    """GatedQwen -> the paper's release layout, readable by the official code (see `convert`)."""
-    return convert(src, dst, to_format="release", **kwargs)
+def __getattr__(name: str):
+    if name == "Checkpoint":  # the model stack, imported on first use
+        from .io import Checkpoint
 
-
-def qwen3_to_gated(src, dst, add_gate: str | dict | None = None, **kwargs) -> Path:
-    """Stock Qwen3 -> GatedQwen, optionally with a function-preserving gate (see `convert`, `qwen3.py`)."""
-    return convert(src, dst, from_format="qwen3", add_gate=add_gate, **kwargs)
-
-
-def qwen3_moe_to_gated(src, dst, add_gate: str | dict | None = None, **kwargs) -> Path:
-    """Stock Qwen3-MoE -> GatedQwen with experts, optionally with a function-preserving gate (see `convert`)."""
-    return convert(src, dst, from_format="qwen3_moe", add_gate=add_gate, **kwargs)
-
-
-def gated_to_qwen3_next(src, dst, **kwargs) -> Path:
-    """GatedQwen (G1 sigmoid gate, a shared expert if it has experts) -> Qwen3-Next, all layers full attention."""
-    return convert(src, dst, to_format="qwen3_next", **kwargs)
-
-
-def qwen3_next_to_gated(src, dst, **kwargs) -> Path:
-    """Qwen3-Next checkpoint with only full-attention layers (dense or MoE) -> GatedQwen."""
-    return convert(src, dst, from_format="qwen3_next", **kwargs)
-
-
-def gated_to_qwen3_5(src, dst, **kwargs) -> Path:
-    """GatedQwen (G1 sigmoid gate) -> a Transformers Qwen3.5 text checkpoint, all layers full attention."""
-    return convert(src, dst, to_format="qwen3_5", **kwargs)
-
-
-def qwen3_5_to_gated(src, dst, **kwargs) -> Path:
-    """Qwen3.5 text / Qwen3-Next checkpoint with only full-attention, dense layers -> GatedQwen."""
-    return convert(src, dst, from_format="qwen3_5", **kwargs)
+        return Checkpoint
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
-    "convert", "release_to_gated", "gated_to_release", "qwen3_to_gated", "gated_to_qwen3_5", "qwen3_5_to_gated",
-    "qwen3_moe_to_gated", "gated_to_qwen3_next", "qwen3_next_to_gated",
-    "ConversionError", "VerificationError", "Checkpoint", "FROM_FORMATS", "TO_FORMATS", "VERIFY_MAX_PARAMETERS",
-    "VERIFY_RTOL",
+    "convert", "clean", "ConversionError", "VerificationError", "Checkpoint", "FORMATS", "FROM_FORMATS", "TO_FORMATS",
+    "VERIFY_MAX_PARAMETERS", "VERIFY_RTOL",
 ]

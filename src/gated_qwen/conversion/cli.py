@@ -1,42 +1,62 @@
-"""`gated-qwen convert SRC DST --from FORMAT | --to FORMAT [...]`: the command-line face of `gated_qwen.conversion`."""
+"""`gated-qwen convert SRC DST --from FORMAT | --to FORMAT [...]` and `gated-qwen convert --clean PATH`: the
+command-line face of `gated_qwen.conversion`. Defining the parser imports no model code."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 
-from . import FROM_FORMATS, TO_FORMATS, VERIFY_MAX_PARAMETERS, VERIFY_RTOL, ConversionError, VerificationError, convert
+from ..outputs import say
+from . import FORMATS, FROM_FORMATS, TO_FORMATS, VERIFY_MAX_PARAMETERS, VERIFY_RTOL, ConversionError
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        convert(args.src, args.dst, from_format=args.from_format, to_format=args.to_format, add_gate=args.add_gate,
-                overwrite=args.overwrite, allow_pickle=args.allow_pickle, verify=args.verify,
-                max_shard_size=args.max_shard_size)
-    except ConversionError as error:
-        print(f"gated-qwen convert: error: {error}", file=sys.stderr)
-        return 1 if isinstance(error, VerificationError) else 2
+    from . import clean, convert
+
+    if args.clean is not None:
+        given = [flag for flag, value in (("SRC", args.src), ("--from", args.from_format), ("--to", args.to_format))
+                 if value is not None]
+        if given:
+            raise ConversionError(f"--clean PATH takes no other argument (got {', '.join(given)}).")
+        actions = clean(args.clean)
+        for line in actions:
+            print(line)
+        if not actions:
+            say(f"no stale staging folder for {args.clean}")
+        return 0
+    if args.src is None or args.dst is None:
+        raise ConversionError("give SRC and DST (gated-qwen convert SRC DST --from FORMAT | --to FORMAT), or --clean "
+                              "PATH.")
+    convert(args.src, args.dst, from_format=args.from_format, to_format=args.to_format, add_gate=args.add_gate,
+            overwrite=args.overwrite, allow_pickle=args.allow_pickle, verify=args.verify,
+            max_shard_size=args.max_shard_size)
     return 0
 
 
 def register(subparsers) -> None:
+    formats = "; ".join(f"{name}: {fmt.summary}" for name, fmt in FORMATS.items())
     parser = subparsers.add_parser(
         "convert",
         help="Convert checkpoints: the paper's release, stock Qwen3, Qwen3-MoE, Qwen3.5, Qwen3-Next <-> gated_qwen.",
         description=(
-            "Import a checkpoint into gated_qwen (--from) or export a gated_qwen checkpoint (--to). Tensors are "
-            "streamed; DST is written in a temporary folder beside it and renamed into place when complete."
+            "Import a checkpoint into gated_qwen (--from) or export a gated_qwen checkpoint (--to). Formats: "
+            f"{formats}. Tensors are streamed; the structure (every tensor once, shapes from the written config) is "
+            "checked whatever --verify says; DST is built in a staging folder beside it (.DST.writing-PID-XXXX) and "
+            "renamed into place when complete. Exit status: 0 converted, 1 verification failed, 2 refused; "
+            "nothing is written unless 0."
         ),
     )
-    parser.add_argument("src", metavar="SRC", help="source model folder (config.json + weights)")
-    parser.add_argument("dst", metavar="DST", help="destination folder (must not exist unless --overwrite)")
-    direction = parser.add_mutually_exclusive_group(required=True)
+    parser.add_argument("src", metavar="SRC", nargs="?", help="source model folder (config.json + weights)")
+    parser.add_argument("dst", metavar="DST", nargs="?",
+                        help="destination folder: new, or an existing one with --overwrite; never SRC, inside SRC "
+                             "or a folder that contains SRC")
+    direction = parser.add_mutually_exclusive_group()
     direction.add_argument("--from", dest="from_format", choices=FROM_FORMATS, metavar="FORMAT",
                            help=f"import SRC in FORMAT ({', '.join(FROM_FORMATS)}) into gated_qwen")
     direction.add_argument("--to", dest="to_format", choices=TO_FORMATS, metavar="FORMAT",
                            help=f"export the gated_qwen SRC to FORMAT ({', '.join(TO_FORMATS)})")
+    gated = " or ".join(f for f in FROM_FORMATS if FORMATS[f].takes_gate)
     parser.add_argument("--add-gate", metavar="VARIANT", default=None,
-                        help="with --from qwen3 or qwen3_moe: add a gate initialised so the logits do not change; "
+                        help=f"with --from {gated}: add a gate initialised so the logits do not change; "
                              "'elementwise', 'headwise' (G1 sigmoid) or a JSON object of gate fields")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing DST (once the new one is complete)")
@@ -48,4 +68,8 @@ def register(subparsers) -> None:
     parser.add_argument("--max-shard-size", default=None, metavar="SIZE",
                         help="largest output shard, e.g. 2GB (default: half the largest weight file of SRC; peak "
                              "memory is about one output shard)")
+    parser.add_argument("--clean", metavar="PATH", default=None,
+                        help="instead of converting: remove the staging folders (.NAME.writing-*, .NAME.replaced-*) "
+                             "that killed runs left beside PATH or inside the folder PATH, when their process has "
+                             "ended (an interrupted replacement is put back)")
     parser.set_defaults(func=run)

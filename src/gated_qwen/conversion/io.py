@@ -2,35 +2,34 @@
 
 `Checkpoint` lists a folder's tensors (names, shapes, dtypes) from the safetensors headers without reading any data,
 and `get(name)` reads one tensor with the file opened just for that read (a memory map that is closed again, so the
-pages it touched stop counting against this process). `write_checkpoint` computes the output tensors shard by shard
-from a plan (`name -> TensorPlan`), saves each shard with `safetensors.torch.save_file`, and builds the folder in a
-temporary sibling of the destination that is renamed into place only once everything is written (and verified).
-Peak memory is about one output shard (plus the imports); by default an output shard is at most half the largest
-input file.
+pages it touched stop counting against this process). `write_weights` computes the output tensors shard by shard
+from a plan (`name -> TensorPlan`) and saves each shard with `safetensors.torch.save_file` into a staging folder
+(`gated_qwen.outputs`). Peak memory is about one output shard (plus the imports); by default an output shard is at
+most half the largest input file. Every way a folder can be unreadable (config.json, the index, a shard, a pickle)
+is a `ConversionError` that names the file.
 """
 
 from __future__ import annotations
 
 import ctypes
 import json
+import math
 import os
+import re
 import shutil
-import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from huggingface_hub import split_state_dict_into_shards_factory
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
-
-class ConversionError(ValueError):
-    """A checkpoint, a flag or a destination that cannot be converted as asked; the message says why."""
-
+from ..outputs import write_json
+from .errors import ConversionError
 
 SAFETENSORS_DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -78,26 +77,35 @@ class Checkpoint:
         config_path = self.folder / "config.json"
         if not config_path.is_file():
             raise ConversionError(f"SRC {str(self.folder)!r} has no config.json; a model folder needs one.")
-        self.config: dict = json.loads(config_path.read_text())
+        self.config: dict = read_json_object(config_path, "SRC's config.json")
         self.pickled = False
-        files = self._weight_files(allow_pickle)
+        self._cached: tuple[str, dict] | None = None  # the last legacy (non-zip) pickle read whole
+        files, weight_map = self._weight_files(allow_pickle)
         self.tensors: dict[str, TensorInfo] = {}
         for file in files:
             for name, info in self._list(file).items():
+                if weight_map is not None and weight_map.get(name) != file:
+                    continue  # as Transformers reads a sharded folder: the index says which tensors there are
                 if name in self.tensors:
                     raise ConversionError(f"Tensor {name!r} appears in both {self.tensors[name].file} and {file}.")
                 self.tensors[name] = info
+        absent = sorted(set(weight_map or ()) - set(self.tensors))
+        if absent:
+            raise ConversionError(f"the index of SRC names tensors that its files do not hold: {absent[:4]} (in "
+                                  f"{sorted({weight_map[name] for name in absent})[:2]}).")
 
-    def _weight_files(self, allow_pickle: bool) -> list[str]:
+    def _weight_files(self, allow_pickle: bool) -> tuple[list[str], dict[str, str] | None]:
+        """The weight files and, for a sharded folder, the index's tensor name -> file."""
         folder = self.folder
         for index_name, single_name, pickled in (
             ("model.safetensors.index.json", "model.safetensors", False),
             ("pytorch_model.bin.index.json", "pytorch_model.bin", True),
         ):
             if (folder / index_name).is_file():
-                files = sorted(set(json.loads((folder / index_name).read_text())["weight_map"].values()))
+                weight_map = _weight_map(folder / index_name)
+                files = sorted(set(weight_map.values()))
             elif (folder / single_name).is_file():
-                files = [single_name]
+                files, weight_map = [single_name], None
             else:
                 continue
             missing = [f for f in files if not (folder / f).is_file()]
@@ -110,7 +118,7 @@ class Checkpoint:
                     "torch.load(weights_only=True), or give a folder with .safetensors weights."
                 )
             self.pickled = pickled
-            return files
+            return files, weight_map
         raise ConversionError(
             f"SRC {str(folder)!r} has no weights: expected model.safetensors, model.safetensors.index.json, "
             "pytorch_model.bin or pytorch_model.bin.index.json."
@@ -119,19 +127,43 @@ class Checkpoint:
     def _list(self, file: str) -> dict[str, TensorInfo]:
         if self.pickled:
             state = self._load_pickled(file)
+            if not isinstance(state, dict) or not all(
+                    isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
+                raise ConversionError(f"{file} in SRC does not hold a state dict of named tensors.")
             return {k: TensorInfo(file, tuple(v.shape), v.dtype) for k, v in state.items()}
         out = {}
-        with safe_open(self.folder / file, framework="pt") as f:
-            for name in f.keys():
-                view = f.get_slice(name)
-                dtype = view.get_dtype()
-                if dtype not in SAFETENSORS_DTYPES:
-                    raise ConversionError(f"Tensor {name!r} in {file} has dtype {dtype}, which is not supported.")
-                out[name] = TensorInfo(file, tuple(view.get_shape()), SAFETENSORS_DTYPES[dtype])
+        try:
+            with safe_open(self.folder / file, framework="pt") as f:
+                for name in f.keys():
+                    view = f.get_slice(name)
+                    dtype = view.get_dtype()
+                    if dtype not in SAFETENSORS_DTYPES:
+                        raise ConversionError(f"Tensor {name!r} in {file} has dtype {dtype}, which is not supported.")
+                    out[name] = TensorInfo(file, tuple(view.get_shape()), SAFETENSORS_DTYPES[dtype])
+        except (SafetensorError, OSError) as error:
+            raise ConversionError(f"{file} in SRC is not a readable safetensors file ({_one_line(error)}); it may be "
+                                  "truncated or corrupt.") from None
         return out
 
     def _load_pickled(self, file: str) -> dict[str, torch.Tensor]:
-        return torch.load(self.folder / file, map_location="cpu", weights_only=True, mmap=True)
+        """`torch.load(weights_only=True)`: memory-mapped for the zip format of `torch.save`; a legacy (non-zip)
+        file cannot be mapped, so it is read whole, and kept until another file is read."""
+        if self._cached and self._cached[0] == file:
+            return self._cached[1]
+        path = self.folder / file
+        legacy = not zipfile.is_zipfile(path)
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=not legacy)
+        except Exception as error:  # UnpicklingError, EOFError, RuntimeError, KeyError... for a damaged file
+            found = re.search(r"WeightsUnpickler error: (.*?)(?: was not an allowed global|$)", str(error), re.M)
+            reason = found.group(1) if found else _one_line(error)
+            raise ConversionError(
+                f"{file} in SRC cannot be read with torch.load(weights_only=True) ({reason}). Only plain tensors are "
+                "read from pickled files; save the weights as safetensors instead."
+            ) from None
+        if legacy:
+            self._cached = (file, state)
+        return state
 
     def get(self, name: str) -> torch.Tensor:
         """The tensor `name` (memory-mapped until touched)."""
@@ -143,6 +175,8 @@ class Checkpoint:
 
     @property
     def largest_file_bytes(self) -> int:
+        if not self.tensors:
+            raise ConversionError(f"SRC {str(self.folder)!r} holds no tensors.")
         return max(os.path.getsize(self.folder / f) for f in {t.file for t in self.tensors.values()})
 
     @property
@@ -156,64 +190,19 @@ class Checkpoint:
         return total
 
 
-def check_destination(src: Path, dst: Path, overwrite: bool) -> None:
-    """Refuses a destination that exists (unless `overwrite`) or that is the source itself."""
-    if dst.resolve() == src.resolve():
-        raise ConversionError(f"DST {str(dst)!r} is SRC; write the converted model to another folder.")
-    if dst.exists() and not overwrite:
-        raise ConversionError(
-            f"DST {str(dst)!r} already exists; pass --overwrite (Python: overwrite=True) to replace it, or choose "
-            "another folder."
-        )
-    if dst.exists() and not dst.is_dir():
-        raise ConversionError(f"DST {str(dst)!r} exists and is not a folder.")
-    if not dst.parent.is_dir():
-        raise ConversionError(f"The parent folder of DST, {str(dst.parent)!r}, does not exist.")
-
-
-@contextmanager
-def staging_folder(dst: Path) -> Iterator[Path]:
-    """A temporary folder beside `dst`, removed if the block fails; the caller moves it into place with `publish`."""
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.writing-", dir=dst.parent))
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def publish(tmp: Path, dst: Path) -> None:
-    """Renames the complete folder `tmp` to `dst`; an existing `dst` is moved aside first and removed afterwards.
-    The folder, its subfolders and its files get the usual permissions (mkdtemp and safetensors create them
-    private)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    for path in [tmp, *tmp.rglob("*")]:
-        os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~umask)
-    if dst.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{dst.name}.replaced-", dir=dst.parent))
-        os.rename(dst, old / dst.name)
-        os.rename(tmp, dst)
-        shutil.rmtree(old)
-    else:
-        os.rename(tmp, dst)
-
-
 def parse_size(size: int | str) -> int:
-    """`"2GB"`, `"500MB"`, `"1GiB"` or a number of bytes -> bytes."""
-    if isinstance(size, int):
-        return size
-    text = size.strip().upper()
+    """`"2GB"`, `"500MB"`, `"1GiB"` or a number of bytes -> a positive number of bytes."""
     units = {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "KB": 10**3, "MB": 10**6, "GB": 10**9, "B": 1}
-    for unit, factor in units.items():
-        if text.endswith(unit):
-            try:
-                return int(float(text[: -len(unit)]) * factor)
-            except ValueError:
-                break
-    if text.isdigit():
-        return int(text)
-    raise ConversionError(f"max_shard_size {size!r} is not a size; write e.g. '2GB', '500MB' or a number of bytes.")
+    text = str(size).strip().upper()
+    unit = next((u for u in units if text.endswith(u)), "")
+    try:
+        value = float(text[: len(text) - len(unit)]) * units.get(unit, 1)
+    except ValueError:
+        value = math.nan
+    if isinstance(size, bool) or not (math.isfinite(value) and value >= 1):
+        raise ConversionError(f"--max-shard-size {size!r} is not a size; write e.g. '2GB', '500MB' or a positive "
+                              "number of bytes.")
+    return int(value)
 
 
 def write_weights(plan: dict[str, TensorPlan], folder: Path, max_shard_size: int, desc: str = "converting") -> None:
@@ -235,7 +224,7 @@ def write_weights(plan: dict[str, TensorPlan], folder: Path, max_shard_size: int
             _return_freed_memory()
     if split.is_sharded:
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(split.tensor_to_filename.items()))}
-        (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+        write_json(folder / "model.safetensors.index.json", index)
 
 
 def _return_freed_memory() -> None:
@@ -266,5 +255,30 @@ def carry_files(src: Path, folder: Path) -> list[str]:
     return copied
 
 
-def write_json(path: Path, data: dict) -> None:
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())
+
+
+def read_json_object(path: Path, what: str) -> dict:
+    """The JSON object in `path`, or a ConversionError saying what is wrong with it."""
+    try:
+        data = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ConversionError(f"{what} ({path}) is not valid JSON ({_one_line(error)}).") from None
+    if not isinstance(data, dict):
+        raise ConversionError(f"{what} ({path}) must hold a JSON object, not a {type(data).__name__}.")
+    return data
+
+
+def _weight_map(index_path: Path) -> dict[str, str]:
+    """An index's tensor name -> weight file, each file a plain name inside the checkpoint folder."""
+    weight_map = read_json_object(index_path, index_path.name).get("weight_map")
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise ConversionError(f"{index_path.name} in SRC has no `weight_map` object of tensor name -> file name.")
+    outside = sorted({f for f in weight_map.values() if Path(f).is_absolute() or ".." in Path(f).parts
+                      or not f.strip()})
+    if outside:
+        raise ConversionError(f"{index_path.name} in SRC names weight files outside the folder ({outside[:3]}); "
+                              "an index may only name files inside it.")
+    return weight_map

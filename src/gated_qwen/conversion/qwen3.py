@@ -23,22 +23,14 @@ initialised so that the model still computes exactly what the source computes (f
 from __future__ import annotations
 
 import json
-import math
 
 import torch
 
-from ..configuration_gated import GatedQwenConfig
+from ..configuration_gated import CONFIG_ERRORS, GatedQwenConfig
+from ..gating import ACTIVATIONS, POSITIONS
 from .common import QWEN3_FIELDS, SLIDING_FIELDS, TensorMap, copy_rest, source_dtype
 from .io import Checkpoint, ConversionError, TensorPlan
 
-ACTIVATIONS = {  # float64 versions of the gate activations (same definitions as modeling_gated.GATE_ACTIVATIONS)
-    "sigmoid": lambda x: 1 / (1 + math.exp(-x)),
-    "ns_sigmoid": lambda x: 0.5 + 0.5 / (1 + math.exp(-x)),
-    "silu": lambda x: x / (1 + math.exp(-x)),
-    "identity": lambda x: x,
-}
-# The projection whose output the gate acts on, per position (G1 folds multiplicative constants into o_proj instead).
-PRODUCER = {"sdpa": "v_proj", "value": "v_proj", "key": "k_proj", "query": "q_proj", "dense": "o_proj"}
 SHORTHANDS = {
     "elementwise": dict(gate_position="sdpa", gate_granularity="elementwise"),
     "headwise": dict(gate_position="sdpa", gate_granularity="headwise"),
@@ -77,7 +69,9 @@ def gate_init(config: GatedQwenConfig) -> tuple[float, str, float]:
     function-preserving initialisation exists."""
     activation, combine = config.gate_activation, config.gate_combine
     free = config.gate_bias or not config.gate_input_dependent
-    act = ACTIVATIONS[activation]
+    def act(x: float) -> float:  # the gate's activation, in float64
+        return ACTIVATIONS[activation](torch.tensor(x, dtype=torch.float64)).item()
+
     c = 1.0 if combine == "multiply" and free and act(0.0) == 0 else 0.0
     g = act(c)
     if combine == "multiply":
@@ -94,7 +88,7 @@ def gate_init(config: GatedQwenConfig) -> tuple[float, str, float]:
     if not config.attention_bias:
         raise ConversionError(
             f"--add-gate: an additive {activation} gate adds {activation}(x) > 0 for every logit x (at least "
-            f"{g:g} here), which can only be cancelled through the bias of {PRODUCER[config.gate_position]}; the "
+            f"{g:g} here), which can only be cancelled through the bias of {POSITIONS[config.gate_position].producer}; the "
             "source has attention_bias=false. Use an additive silu or identity gate (they add 0 at zero weights)."
         )
     return c, "shift", -g
@@ -117,8 +111,8 @@ def plan_qwen3_to_gated(ckpt: Checkpoint, add_gate: str | dict | None = None):
     gate = parse_gate(add_gate) if add_gate is not None else dict(gate_position=None)
     try:
         config = GatedQwenConfig(**fields, use_qk_norm=True, **gate)
-    except ValueError as error:
-        raise ConversionError(f"--add-gate {add_gate}: {error}") from None
+    except CONFIG_ERRORS as error:
+        raise ConversionError(f"--add-gate {add_gate}: {error.__cause__ or error}") from None
     config.dtype = source_dtype(cfg)
 
     tmap = TensorMap(ckpt)
@@ -135,13 +129,13 @@ def plan_qwen3_to_gated(ckpt: Checkpoint, add_gate: str | dict | None = None):
             else:
                 tmap.put(prefix + "gate_logits", constant((heads, width), dtype, c))
             if action == "scale":
-                proj = "o_proj" if config.gate_position == "sdpa" else PRODUCER[config.gate_position]
+                proj = "o_proj" if config.gate_position == "sdpa" else POSITIONS[config.gate_position].producer
                 kinds = ("weight",) if config.gate_position == "sdpa" or not config.attention_bias else (
                     "weight", "bias")
                 for kind in kinds:
                     tmap.put(prefix + f"{proj}.{kind}", scaled(tmap, prefix + f"{proj}.{kind}", factor))
             elif action == "shift":
-                name = prefix + f"{PRODUCER[config.gate_position]}.bias"
+                name = prefix + f"{POSITIONS[config.gate_position].producer}.bias"
                 tmap.put(name, shifted(tmap, name, factor))
     copy_rest(tmap, config)
     return config, tmap.finish()

@@ -72,6 +72,29 @@ def pack_q_proj(queries: torch.Tensor, gates: torch.Tensor, kv_heads: int) -> to
     return torch.cat([queries.view(kv_heads, -1, *rest), gates.view(kv_heads, -1, *rest)], dim=1).reshape(-1, *rest)
 
 
+def release_tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
+    """`{name: shape}` of the weights a release checkpoint with this config.json holds: stock Qwen3's (built on the
+    meta device, biases on q, k, v and o with `qkv_bias`), `q_proj` with the gate rows of its variant, and no
+    q/k norms with `use_qk_norm=false`."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers.modeling_utils import remove_tied_weights_from_state_dict
+
+    fields = {k: config.get(k, default) for k, default in RELEASE_DEFAULTS.items()}
+    bias = bool(config["qkv_bias"] if "qkv_bias" in config else config.get("attention_bias", False))
+    shapes = {k: fields[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                     "num_attention_heads", "num_key_value_heads", "head_dim", "tie_word_embeddings")}
+    with torch.device("meta"):
+        model = Qwen3ForCausalLM(Qwen3Config(**shapes, attention_bias=bias))
+    state = remove_tied_weights_from_state_dict(model.state_dict(), model)
+    out = {name: tuple(tensor.shape) for name, tensor in state.items()
+           if fields["use_qk_norm"] or not name.endswith(("q_norm.weight", "k_norm.weight"))}
+    rows = q_rows(fields["num_attention_heads"], fields["head_dim"], release_variant(config))
+    for name in out:
+        if name.endswith("self_attn.q_proj.weight") or name.endswith("self_attn.q_proj.bias"):
+            out[name] = (rows, *out[name][1:])
+    return out
+
+
 def _check_sliding(config: dict) -> None:
     if config.get("use_sliding_window", False):
         raise ConversionError(

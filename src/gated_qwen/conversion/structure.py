@@ -1,0 +1,130 @@
+"""The structural check of every conversion, whatever `--verify` says: names and shapes, no data read.
+
+- The source holds every tensor the model its config.json describes has, each with the shape that config implies
+  (`check_source`), so that a shape mismatch is refused with the tensor's name before anything is computed.
+- The plan writes every parameter the target model has exactly once, with the shape the *written* config.json
+  implies, and nothing else (`check_plan`); the model is built on the `meta` device from that config: GatedQwen,
+  or for an export the stock Transformers class of the format (the release layout: Qwen3's with the gate rows packed
+  into `q_proj`, `release.release_tensor_shapes`).
+- The files written hold exactly the plan (`check_written`: names, shapes and dtypes from the safetensors headers
+  and the index).
+
+A model's on-disk names are what `save_pretrained` writes: tied weights left out and Transformers' load-time
+conversions reverted (a mixture-of-experts layer is saved one tensor per expert); the stacked in-memory layout that
+Transformers also reads is accepted as well.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .formats import model_class
+from .io import Checkpoint, ConversionError, TensorPlan
+
+Shape = tuple[int, ...]
+
+
+def _unit(name: str) -> str:
+    """The part of the model whose tensors Transformers' load-time conversions may combine: a decoder layer's
+    attention, MLP or norm (`model.layers.3.self_attn`), or the tensor itself outside the layers."""
+    parts = name.split(".")
+    return ".".join(parts[: parts.index("layers") + 3]) if "layers" in parts else name
+
+
+def model_layout(kind: str, config) -> list[list[dict[str, Shape]]]:
+    """Per part of the model `kind` built from `config` (on the meta device; parts as `_unit` cuts them): its
+    accepted on-disk forms, each `{name: shape}`: what `save_pretrained` writes first, the in-memory names and
+    layout second when they differ (Transformers reads both, e.g. one tensor per expert or the stacked experts)."""
+    import torch
+    from transformers.core_model_loading import revert_weight_conversion
+    from transformers.modeling_utils import remove_tied_weights_from_state_dict
+
+    with torch.device("meta"):
+        model = model_class(kind)(config)
+    units: dict[str, dict] = {}
+    for name, tensor in remove_tied_weights_from_state_dict(model.state_dict(), model).items():
+        units.setdefault(_unit(name), {})[name] = tensor
+    layout = []
+    for tensors in units.values():
+        native = {name: tuple(tensor.shape) for name, tensor in tensors.items()}
+        saved = {name: tuple(tensor.shape) for name, tensor in revert_weight_conversion(model, tensors).items()}
+        layout.append([saved, native] if saved != native else [native])
+    return layout
+
+
+def _listing(names: list[str], limit: int = 4) -> str:
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+def compare(found: dict[str, Shape], layout: list[list[dict[str, Shape]]], *, unexpected_ok: bool = False) -> str:
+    """What is wrong with the tensors `found` (`{name: shape}`) against `layout` (`model_layout`; each part must
+    be present in one of its forms), as one sentence, or `""` when nothing is."""
+    missing, mismatched, used = [], [], set()
+    for forms in layout:
+        present = [form for form in forms if all(name in found for name in form)]
+        if not present:
+            partial = max(forms, key=lambda form: sum(name in found for name in form))
+            missing += [name for name in partial if name not in found]
+            used.update(name for name in partial if name in found)
+            continue
+        used.update(present[0])
+        mismatched += [f"{name} is {list(found[name])} where the config implies {list(shape)}"
+                       for name, shape in present[0].items() if tuple(found[name]) != shape]
+    unexpected = [] if unexpected_ok else sorted(set(found) - used)
+    problems = []
+    if mismatched:
+        problems.append(f"{len(mismatched)} tensor(s) with the wrong shape ({_listing(mismatched, 2)})")
+    if missing:
+        problems.append(f"{len(missing)} missing ({_listing(missing)})")
+    if unexpected:
+        problems.append(f"{len(unexpected)} that the model does not have ({_listing(unexpected)})")
+    return "; ".join(problems)
+
+
+def _layout_of(kind: str, config) -> list[list[dict[str, Shape]]]:
+    if kind == "release":
+        from .release import release_tensor_shapes
+
+        return [[{name: shape}] for name, shape in release_tensor_shapes(config).items()]
+    return model_layout(kind, config)
+
+
+def _config_of(kind: str, config_dict: dict):
+    """The config object of `kind` (a dict for the release layout), read as Transformers reads config.json."""
+    return config_dict if kind == "release" else model_class(kind).config_class.from_dict(config_dict)
+
+
+def check_source(ckpt: Checkpoint, kind: str) -> None:
+    """Refuses a source whose tensors do not match the model its config.json describes (missing or misshapen;
+    tensors the conversion does not use are refused by the planner)."""
+    found = {name: info.shape for name, info in ckpt.tensors.items()}
+    problem = compare(found, _layout_of(kind, _config_of(kind, ckpt.config)), unexpected_ok=True)
+    if problem:
+        raise ConversionError(f"SRC's weights do not match its config.json: {problem}. Nothing was written.")
+
+
+def check_plan(plan: dict[str, TensorPlan], kind: str, folder: Path) -> None:
+    """Refuses a plan that does not write exactly the parameters of the model the config.json in `folder` (just
+    written there) describes."""
+    import json
+
+    config_dict = json.loads((folder / "config.json").read_text())
+    layout = _layout_of(kind, _config_of(kind, config_dict))
+    problem = compare({name: p.shape for name, p in plan.items()}, layout)
+    if problem:
+        raise ConversionError(
+            f"the converted checkpoint would not match the model its config.json describes: {problem}. This is a "
+            "conversion bug or a source this converter does not handle; nothing was written."
+        )
+
+
+def check_written(folder: Path, plan: dict[str, TensorPlan]) -> None:
+    """Refuses written weights that differ from the plan (a tensor dropped from a shard or the index, a wrong
+    shape or dtype)."""
+    written = Checkpoint(folder).tensors
+    wrong = sorted(name for name in set(written) | set(plan) if name not in written or name not in plan
+                   or (written[name].shape, written[name].dtype) != (plan[name].shape, plan[name].dtype))
+    if wrong:
+        raise ConversionError(f"the written weights differ from the plan at {_listing(wrong)} (a writer bug); "
+                              "nothing was written.")

@@ -1,0 +1,205 @@
+"""The gate of Qiu et al. (2025), "Gated Attention for Large Language Models": its variants and the module.
+
+`Y' = combine(Y, act(X W))`, with X the hidden state after the pre-attention RMSNorm (the input of q/k/v). The
+paper varies five things, each a config value here; this registry lists them once for the config, the model, the
+conversions, the Hub card and the analysis:
+
+| field                      | values                                                                     |
+|----------------------------|----------------------------------------------------------------------------|
+| `gate_position`            | `POSITIONS`: "sdpa" (G1) ... "dense" (G5), or None (no gate)                |
+| `gate_granularity`         | `GRANULARITIES`: "elementwise" (a score per element), "headwise" (per head) |
+| `gate_shared_across_heads` | one set of scores for every head                                            |
+| `gate_combine`             | `COMBINES`: "multiply" `Y * s`, "add" `Y + s`                               |
+| `gate_activation`          | `ACTIVATIONS`: "sigmoid", "silu", "ns_sigmoid" (`0.5 + 0.5 sigmoid`), ...   |
+| `gate_input_dependent`     | False: a learned logit per score instead of `X W` (the paper's control)     |
+Without a gate, `sdpa_output_transform` selects one of the paper's non-gate controls on the attention output
+(`SDPA_OUTPUT_TRANSFORMS`).
+
+This file is copied to the Hugging Face Hub beside `modeling_gated.py`: relative imports only.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+from transformers.utils import is_torch_distributed_available
+
+
+@dataclass(frozen=True)
+class GatePosition:
+    """Where a gate acts. `heads`: the heads of the gated tensor ("query", "key_value", or None for the hidden
+    state); `producer`: the projection whose output is gated (for G1, the one whose output the attention mixes)."""
+
+    name: str
+    paper: str
+    heads: str | None
+    producer: str
+    description: str
+
+
+POSITIONS: dict[str, GatePosition] = {
+    p.name: p
+    for p in (
+        GatePosition("sdpa", "G1", "query", "v_proj", "the attention output of each head, before `o_proj`"),
+        GatePosition("value", "G2", "key_value", "v_proj", "the output of `v_proj` (the values)"),
+        GatePosition("key", "G3", "key_value", "k_proj", "the output of `k_proj` (the keys)"),
+        GatePosition("query", "G4", "query", "q_proj", "the output of `q_proj` (the queries)"),
+        GatePosition("dense", "G5", None, "o_proj", "the output of `o_proj`"),
+    )
+}
+# The paper's names of the positions (section 2, table 1), accepted wherever a position is.
+ALIASES: dict[str, str] = {p.paper: p.name for p in POSITIONS.values()}
+GRANULARITIES = ("elementwise", "headwise")
+COMBINES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {"multiply": torch.mul, "add": torch.add}
+
+
+def ns_sigmoid(x: torch.Tensor) -> torch.Tensor:
+    """The paper's non-sparse sigmoid, `0.5 + 0.5 * sigmoid(x)`, with values in [0.5, 1]."""
+    return 0.5 + 0.5 * torch.sigmoid(x)
+
+
+def identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "sigmoid": torch.sigmoid,
+    "silu": F.silu,
+    "ns_sigmoid": ns_sigmoid,
+    "identity": identity,
+}
+SDPA_OUTPUT_TRANSFORMS = ("rmsnorm", "silu")
+
+# The gate fields besides `gate_position`, with their defaults: the paper's recommended gate.
+DEFAULTS = {
+    "gate_granularity": "elementwise",
+    "gate_shared_across_heads": False,
+    "gate_combine": "multiply",
+    "gate_activation": "sigmoid",
+    "gate_input_dependent": True,
+    "gate_bias": False,
+    "gate_layers": None,
+}
+FIELDS = ("gate_position", *DEFAULTS, "sdpa_output_transform")
+
+
+def canonical_position(position):
+    """`position` with the paper's names (G1...G5, any case) replaced by the config's; other values unchanged."""
+    if isinstance(position, str) and position.upper() in ALIASES:
+        return ALIASES[position.upper()]
+    return position
+
+
+def is_fusable(config) -> bool:
+    """Whether a gate with this config's fields is the G1 sigmoid product that an attention backend declaring
+    `fuses_output_gate` applies in its epilogue."""
+    return (config.gate_position == "sdpa" and config.gate_combine == "multiply"
+            and config.gate_activation == "sigmoid")
+
+
+def is_recommended(config) -> bool:
+    """Whether this is the paper's recommended gate: G1, elementwise, head-specific, multiplicative sigmoid of X W."""
+    return (is_fusable(config) and config.gate_granularity == "elementwise" and not config.gate_shared_across_heads
+            and config.gate_input_dependent)
+
+
+class GatedQwenGate(nn.Module):
+    """The gate of one attention layer, or (without a gate) the paper's non-gate control on the attention output.
+
+    Built from the config: `position` (None in an ungated layer), the projection `g_proj` (`[hidden] -> [heads *
+    width]`, rows laid out per head; see `GatedQwenConfig.gate_shape`) or, for the input-independent control, the
+    learned `logits` `[heads, width]` (zero-initialised: sigmoid 0.5), the activation and the combine rule.
+
+    The attention module calls `logits = gate(x)` once (`x`: its input, `[B, S, hidden]`) and then
+    `y = gate.apply(position, y, logits)` at every place a gate can act; `apply` changes `y` only at this gate's
+    position. A backend that fuses the G1 sigmoid product (`fusable`) receives the logits instead. `forward`'s
+    output is what `output_gate_logits=True` records; `scores(x) = act(gate(x))` are what the paper measures.
+    """
+
+    def __init__(self, config, layer_idx: int):
+        super().__init__()
+        self.position = config.gate_position if layer_idx in config.gated_layers else None
+        self.transform = None if self.position is not None else config.sdpa_output_transform
+        self.fusable = self.position is not None and is_fusable(config)
+        if self.position is not None:
+            self.heads, self.width = config.gate_shape
+            if config.gate_input_dependent:
+                self.g_proj = nn.Linear(config.hidden_size, self.heads * self.width, bias=config.gate_bias)
+            else:
+                self.logits = nn.Parameter(torch.zeros(self.heads, self.width))
+            self.activation = ACTIVATIONS[config.gate_activation]
+            self.combine = COMBINES[config.gate_combine]
+        elif self.transform == "rmsnorm":
+            self.sdpa_norm = Qwen3RMSNorm(config.head_dim, eps=config.rms_norm_eps)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        """`hidden_states: [B, S, hidden]` -> the gate logits `[B, S, heads, width]` (`[heads, width]` for the
+        input-independent gate), or None without a gate."""
+        if self.position is None:
+            return None
+        if hasattr(self, "g_proj"):
+            # -1, not self.heads: under tensor parallelism g_proj holds only this rank's heads.
+            return self.g_proj(hidden_states).view(*hidden_states.shape[:-1], -1, self.width)
+        return self.logits
+
+    def scores(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        """`act(gate logits)`, shaped as `forward`'s output."""
+        logits = self(hidden_states)
+        return None if logits is None else self.activation(logits)
+
+    def apply(self, position: str, y: torch.Tensor, logits: torch.Tensor | None) -> torch.Tensor:
+        """`y` at `position`: `[B, S, heads_y, head_dim]` for a head position, `[B, S, hidden]` for "dense" ->
+        `combine(y, act(logits))` if the gate acts there (the control's transform at "sdpa" without a gate), else
+        `y` itself."""
+        if position != self.position:
+            if position == "sdpa" and self.transform == "silu":
+                return F.silu(y)
+            if position == "sdpa" and self.transform == "rmsnorm":
+                return self.sdpa_norm(y)
+            return y
+        scores = self.activation(logits).to(y.dtype)
+        if position == "dense":
+            scores = scores.flatten(-2)  # one "head" as wide as the hidden state
+        return self.combine(y, scores)
+
+    def extra_repr(self) -> str:
+        if self.position is None:
+            return f"position=None, sdpa_output_transform={self.transform!r}"
+        return f"position={self.position!r}, heads={self.heads}, width={self.width}, fusable={self.fusable}"
+
+
+# Tensor parallelism (`tp_plan="auto"`, see `GatedQwenConfig.base_model_tp_plan`) splits the heads across ranks. A
+# head-shared gate is whole on every rank, but each rank's heads give only part of the gradient of its scores (and
+# through them of the hidden state): the "head_shared_gate" style sums that gradient across ranks in the backward
+# pass; the forward pass is unchanged.
+if is_torch_distributed_available():
+    import torch.distributed as dist
+    from transformers.distributed.parallel_utils import ALL_PARALLEL_STYLES
+    from transformers.distributed.tensor_parallel import TensorParallelLayer
+
+    class _SumGradientOverRanks(torch.autograd.Function):
+        """Identity forward; the backward all-reduces (sums) the incoming gradient over the process group."""
+
+        @staticmethod
+        def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
+            ctx.group = group
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, grad: torch.Tensor):
+            grad = grad.contiguous()
+            dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=ctx.group)
+            return grad, None
+
+    class HeadSharedGateParallel(TensorParallelLayer):
+        """Replicated gate projection whose output feeds sharded heads: sums the output's gradient over ranks."""
+
+        def transform_output_post_forward(self, module, output, mesh):
+            if torch.is_grad_enabled() and output.requires_grad:
+                return _SumGradientOverRanks.apply(output, mesh.get_group())
+            return output
+
+    ALL_PARALLEL_STYLES.register("head_shared_gate", HeadSharedGateParallel())

@@ -1,0 +1,56 @@
+"""The package's face: `import gated_qwen` loads neither torch nor Transformers, yet whichever way a program reaches
+the model (a name of the package, Transformers first or last, a module of the package imported directly), the
+Auto classes know `model_type="gated_qwen"` by the time it uses them. Each case runs in a fresh interpreter."""
+
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow  # every check here starts fresh interpreters
+
+REGISTERED = """
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+config = AutoConfig.for_model("gated_qwen", vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                              num_attention_heads=2, num_key_value_heads=1, head_dim=8)
+assert type(config).__name__ == "GatedQwenConfig", type(config)
+for auto in (AutoModelForCausalLM, AutoModelForTokenClassification):
+    model = auto.from_config(config)
+    assert type(model).__module__ == "gated_qwen.modeling_gated", type(model)
+print("registered")
+"""
+
+CASES = {
+    "package-then-transformers": "import gated_qwen\n",
+    "transformers-then-package": "import transformers\nimport gated_qwen\n",
+    "a-name-of-the-package": "from gated_qwen import GatedQwenConfig\n",
+    "modeling-module-directly": "from gated_qwen.modeling_gated import GatedQwenForCausalLM\n",
+    "configuration-module-directly": "import gated_qwen.configuration_gated\n",
+    "analysis-subpackage": "import gated_qwen.analysis.measure\n",
+}
+
+
+def run(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_auto_classes_know_gated_qwen_however_the_package_is_reached(case):
+    result = run(CASES[case] + REGISTERED)
+    assert result.returncode == 0 and "registered" in result.stdout, result.stderr[-3000:]
+
+
+def test_importing_the_package_loads_neither_torch_nor_transformers():
+    code = ("import sys, gated_qwen\n"
+            "heavy = sorted(m for m in ('torch', 'transformers', 'triton', 'peft') if m in sys.modules)\n"
+            "print(heavy)\n"
+            "print(gated_qwen.__version__, 'GatedQwenForCausalLM' in dir(gated_qwen))\n")
+    result = run(code)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split("\n")[:2] == ["[]", "0.1.0 True"]
+
+
+def test_an_unknown_name_is_an_attribute_error():
+    result = run("import gated_qwen\ntry:\n    gated_qwen.GatedQwenForPretraining\nexcept AttributeError as e:\n"
+                 "    print(e)\n")
+    assert "has no attribute 'GatedQwenForPretraining'" in result.stdout, result.stderr
