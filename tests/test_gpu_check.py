@@ -22,6 +22,7 @@ def run(*args, cwd):
                           timeout=900, check=False)
 
 
+@pytest.mark.slow
 def test_interpret_mode_checks_measures_and_writes_its_results(tmp_path):
     out = tmp_path / "check"
     result = run("--interpret", "--out", str(out), cwd=tmp_path)

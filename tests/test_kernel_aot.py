@@ -58,6 +58,7 @@ def assert_every_tuner_config_compiled(rows: list[dict], case: str, archs: list[
             assert compiled == {f"{bm}x{bn} w{w} s{s}" for bm, bn, w, s in entries}, (kernel, arch)
 
 
+@pytest.mark.slow  # a fresh interpreter and two compiler processes (about a minute on two cores)
 def test_production_shape_compiles_for_sm90_in_every_tuner_config(tmp_path):
     """D=128, bf16, causal, elementwise gate, forward and backward: the model's main path on an H100/H200."""
     rows = compile_grid(tmp_path, "production", [90])

@@ -107,7 +107,7 @@ def self_check_warnings(caplog):
 # ------------------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("how", ["wrong", "raise"])
+@pytest.mark.parametrize("how", ["wrong", pytest.param("raise", marks=pytest.mark.slow)])
 def test_broken_kernel_falls_back_to_sdpa_and_warns_once(monkeypatch, caplog, fresh_verdicts, kernel_calls, how):
     break_forward(monkeypatch, how)
     sdpa, fused = model_pair()
@@ -175,7 +175,8 @@ def test_working_kernel_passes_its_check_and_is_used(fresh_verdicts, kernel_call
         "headwise", True, "dense", 16, DTYPE)
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("layout", [layout if layout == "dense" else pytest.param(layout, marks=pytest.mark.slow)
+                                    for layout in LAYOUTS])
 def test_self_check_passes_the_working_kernel_and_catches_a_wrong_gradient(monkeypatch, layout):
     """Every layout's check problem runs and matches; a kernel whose dq alone is 1% off is caught by name."""
     combo = Combination(DEVICE, DTYPE, 64, "elementwise", True, layout)
@@ -201,6 +202,7 @@ def test_combination_of_a_call():
                                                                         "decode")
 
 
+@pytest.mark.slow  # torch.compile
 def test_compiled_model_uses_the_verdicts_of_eager_calls(monkeypatch, fresh_verdicts):
     """Under torch.compile(fullgraph=True) the dispatch adds no graph break: a combination checked eagerly keeps its
     verdict (here: failed, so the compiled model runs SDPA + gate), an unchecked one runs the kernel."""

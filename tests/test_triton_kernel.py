@@ -99,8 +99,8 @@ def test_dense_matrix(causal, heads, gate_kind):
     assert_matches(*make_inputs(1, 100, 100, h_q, h_kv, 64, gate_kind), causal=causal)
 
 
-@pytest.mark.parametrize("d", [pytest.param(128, marks=pytest.mark.slow), 96, pytest.param(32, marks=pytest.mark.slow),
-                               256])
+@pytest.mark.parametrize("d", [pytest.param(128, marks=pytest.mark.slow), pytest.param(96, marks=pytest.mark.slow),
+                               pytest.param(32, marks=pytest.mark.slow), 256])
 def test_other_head_dims(d):
     """128 is the main target; 96 and 32 exercise the padded head-dim path (BLOCK_D > D, or D < 64); 256 computes
     dK and dV in two passes of the dK/dV kernel."""
@@ -126,6 +126,7 @@ def test_bottom_right_causal_alignment(s_q, s_k):
         assert grads[3][0][:, :blind].abs().max().item() == 0.0  # dgate
 
 
+@pytest.mark.slow  # test_inputs_as_arbitrary_strided_views covers views in the fast set
 def test_non_contiguous_qkv():
     """The Transformers adapter passes [B, H, S, D] tensors transposed to [B, S, H, D] (non-contiguous views)."""
     q, k, v, g = make_inputs(2, 90, 90, 4, 2, 64, "elementwise")
@@ -181,7 +182,7 @@ def cu(lengths):
     return torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32, device=DEVICE)
 
 
-@pytest.mark.parametrize("causal,gate_kind", [(True, "elementwise"), (False, "headwise"),
+@pytest.mark.parametrize("causal,gate_kind", [(True, "elementwise"), pytest.param(False, "headwise", marks=pytest.mark.slow),
                                               pytest.param(True, "headwise", marks=pytest.mark.slow),
                                               pytest.param(False, "elementwise", marks=pytest.mark.slow)],
                          ids=["causal-elementwise", "full-headwise", "causal-headwise", "full-elementwise"])
@@ -203,7 +204,7 @@ def test_varlen_fully_masked_rows_are_zero_with_zero_grads():
     assert out[20:50].abs().min().item() >= 0.0 and out[20:50].abs().max().item() > 0.0
 
 
-@pytest.mark.parametrize("heads,gate_kind", [((8, 2), "elementwise"), ((3, 1), "headwise"),
+@pytest.mark.parametrize("heads,gate_kind", [((8, 2), "elementwise"), pytest.param((3, 1), "headwise", marks=pytest.mark.slow),
                                              pytest.param((4, 1), "elementwise", marks=pytest.mark.slow),
                                              pytest.param((4, 1), "headwise", marks=pytest.mark.slow),
                                              pytest.param((3, 1), "elementwise", marks=pytest.mark.slow),
@@ -216,6 +217,7 @@ def test_decode_one_query_against_long_cache(heads, gate_kind):
     assert_matches(*make_inputs(2, 1, 200, h_q, h_kv, 64, gate_kind), causal=True)
 
 
+@pytest.mark.slow
 def test_decode_varlen_with_empty_sequence():
     """Packed decode: one query per sequence (one sequence has none, one has an empty cache)."""
     lens_q, lens_k = [1, 0, 1, 1], [150, 40, 0, 90]
@@ -229,7 +231,8 @@ def test_decode_varlen_with_empty_sequence():
 # ------------------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype,gate_kind", [(torch.float16, "headwise"), (torch.bfloat16, "elementwise"),
+@pytest.mark.parametrize("dtype,gate_kind", [pytest.param(torch.float16, "headwise", marks=pytest.mark.slow),
+                                             (torch.bfloat16, "elementwise"),
                                              pytest.param(torch.float16, "elementwise", marks=pytest.mark.slow),
                                              pytest.param(torch.bfloat16, "headwise", marks=pytest.mark.slow)],
                          ids=["headwise-fp16", "elementwise-bf16", "elementwise-fp16", "headwise-bf16"])
@@ -238,6 +241,7 @@ def test_half_precision(dtype, gate_kind):
     assert_matches(*make_inputs(2, 100, 100, 4, 2, 64, gate_kind, dtype=dtype), causal=True)
 
 
+@pytest.mark.slow
 def test_half_precision_decode_bf16():
     assert_matches(*make_inputs(1, 1, 150, 4, 1, 128, "elementwise", dtype=torch.bfloat16), causal=True)
 
@@ -404,7 +408,7 @@ def test_split_kv_decode_merges_chunks_exactly(monkeypatch, splits):
     assert_matches(q, k, v, g, causal=True)
 
 
-@pytest.mark.parametrize("layout", ["strided-last-dim", "head-shared-headwise"])
+@pytest.mark.parametrize("layout", ["strided-last-dim", pytest.param("head-shared-headwise", marks=pytest.mark.slow)])
 def test_inputs_as_arbitrary_strided_views(layout):
     """No contiguity assumption: q, k, v and the gate with a non-unit head-dim stride, or a headwise gate that is one
     logit per token expand()ed over heads (zero head and dim strides)."""
@@ -471,7 +475,8 @@ def test_custom_op_registration_opcheck():
                           test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
 
 
-@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("backend", [pytest.param("aot_eager", marks=pytest.mark.slow),
+                                     pytest.param("inductor", marks=pytest.mark.slow)])
 def test_torch_compile_fullgraph(backend):
     """No graph break around the custom op (fullgraph=True); compiled gradients equal eager ones."""
     if backend == "inductor" and DEVICE == "cpu" and os.environ.get("GATED_QWEN_SKIP_INDUCTOR"):
@@ -561,6 +566,7 @@ def test_flat_copy_imports_and_reuses_the_registered_ops(tmp_path):
             del sys.modules[name]
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_module_imports_without_triton(tmp_path):
     """With `import triton` failing, the module still imports, reports it, and the kernel raises a clear error.
 
