@@ -216,3 +216,20 @@ def test_compiled_model_uses_the_verdicts_of_eager_calls(monkeypatch, fresh_verd
         compiled = torch.compile(fused, fullgraph=True, backend="aot_eager")
         assert rel_err(compiled(input_ids=x).logits, expected) <= TOL
     torch._dynamo.reset()
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="simulates a GPU on the CPU")
+def test_fp32_on_a_gpu_is_refused_with_the_dtypes_to_use_and_runs_sdpa(monkeypatch, caplog, kernel_calls):
+    """The kernels are compiled for 16-bit tensor cores only: fp32 inputs on a GPU get a reason naming bf16/fp16 and
+    the backend runs SDPA + gate (simulated here: the tensors count as on a GPU, the interpreter as absent)."""
+    monkeypatch.setattr(tga, "_on_gpu", lambda t: True)
+    monkeypatch.setattr(tga, "INTERPRET", False)
+    q = torch.randn(1, 8, 2, 64)
+    reason = tga.gated_attention_unsupported_reason(q, q, q)
+    assert "fp32" in reason and "torch.bfloat16" in reason and "torch.float16" in reason
+    assert tga.gated_attention_unsupported_reason(q.half(), q.half(), q.half()) is None
+    sdpa, fused = model_pair()
+    with caplog.at_level(logging.WARNING, logger=gated_triton_backend.logger.name):
+        assert_same_as_sdpa(sdpa, fused, ids())
+    assert not kernel_calls
+    assert any("bfloat16" in r.getMessage() and "SDPA" in r.getMessage() for r in caplog.records)

@@ -58,6 +58,10 @@ MAX_HEAD_DIM = 256
 # --------------------------------------------------------------------------------------------------------------------
 
 
+def _on_gpu(t: torch.Tensor) -> bool:
+    return t.is_cuda
+
+
 def _check_inputs(q, k, v, gate, cu_seqlens_q, cu_seqlens_k, *, check_device: bool) -> None:
     """Raise ValueError (TypeError for non-tensors) naming what is wrong with the inputs and what would be right."""
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -116,10 +120,10 @@ def _check_inputs(q, k, v, gate, cu_seqlens_q, cu_seqlens_k, *, check_device: bo
         if triton is None:
             raise RuntimeError(f"Triton is not installed ({TRITON_IMPORT_ERROR}); use naive_gated_attention or "
                                f"install the `triton` extra")
-        if not (q.is_cuda or INTERPRET):
+        if not (_on_gpu(q) or INTERPRET):
             raise ValueError(f"the Triton kernel needs CUDA tensors (got {q.device}); on CPU set TRITON_INTERPRET=1 "
                              f"before importing this module, or use naive_gated_attention")
-        if q.is_cuda and q.dtype == torch.float32 and not INTERPRET:
+        if _on_gpu(q) and q.dtype == torch.float32 and not INTERPRET:
             raise ValueError("fp32 inputs are not supported on the GPU (the kernel is compiled for bf16/fp16 tensor "
                              "cores): use torch.bfloat16 or torch.float16 inputs (a model loaded with "
                              "dtype=torch.bfloat16), or attn_implementation='sdpa' for an fp32 model")
