@@ -147,12 +147,8 @@ def max_lengths(q, k, kwargs):
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _warm_up(task):
-    """Worker: compile every configuration the autotuner may pick for the launches of one problem, through the JIT
-    itself (`warmup`), so the cache keys are exactly those of the real launches."""
-    problem, scale = task
-    import torch
-
+def record(problem: Problem, device) -> list:
+    """The kernel launches (benchmarks/kernel_aot.py's recorder) that forward and backward make for `problem`."""
     sys.path.insert(0, str(BENCHMARKS))
     import kernel_aot
 
@@ -160,9 +156,10 @@ def _warm_up(task):
     from gated_qwen.gated_attention_decode import decode_forward
     from gated_qwen.gated_attention_forward import forward
 
-    q, k, v, gate, dy, kwargs = build(problem, "cuda", seed=None)
+    q, k, v, gate, dy, kwargs = build(problem, device, seed=None)
     max_q, max_k = max_lengths(q, k, kwargs)
     cu_q, cu_k = kwargs.get("cu_seqlens_q"), kwargs.get("cu_seqlens_k")
+    scale = 1 / math.sqrt(problem.head_dim)
     launches = []
     with kernel_aot.recording(kernel_aot.kernel_objects(), launches):
         if max_q == 1:
@@ -171,26 +168,55 @@ def _warm_up(task):
             out, lse = forward(q, k, v, gate, problem.causal, scale, cu_q, cu_k, max_q, max_k)
         if problem.backward:
             backward(dy, q, k, v, gate, out, lse, problem.causal, scale, cu_q, cu_k, max_q, max_k)
-    capability = torch.cuda.get_device_capability()
-    compiled = 0
-    for launch in launches:
-        for config in kernel_aot.tuner_configs(launch, capability[0] * 10 + capability[1]):
-            kwargs = dict(launch.kwargs) | (config.all_kwargs() if config is not None else {})
-            launch.jit.warmup(*launch.args, grid=(1,), **kwargs)
-            compiled += 1
-    return compiled
+    return launches
+
+
+def _warm_up(job):
+    """Worker: compile one configuration of one launch through the JIT itself (`warmup`), on CUDA tensors of the
+    real shapes, so the cache entry is exactly the one the real launch looks up."""
+    problem, index, entry, arch = job
+    sys.path.insert(0, str(BENCHMARKS))
+    import kernel_aot
+
+    from gated_qwen.gated_attention_common import config_entry
+
+    launch = record(problem, "cuda")[index]
+    config = next((c for c in kernel_aot.tuner_configs(launch, arch) if c is not None and config_entry(c) == entry),
+                  None)
+    kwargs = dict(launch.kwargs) | (config.all_kwargs() if config is not None else {})
+    launch.jit.warmup(*launch.args, grid=(1,), **kwargs)
 
 
 def compile_ahead(problems: list[Problem], jobs: int) -> dict:
+    """Compile every distinct (kernel, specialisation, configuration) the problems launch, in parallel processes,
+    into Triton's cache; launches that bind identically (decided on meta tensors here) are compiled once."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
+    import torch
+
+    sys.path.insert(0, str(BENCHMARKS))
+    import kernel_aot
+
+    from gated_qwen.gated_attention_common import config_entry
+
     started = time.perf_counter()
+    major, minor = torch.cuda.get_device_capability()
+    arch = major * 10 + minor
+    work, seen = [], set()
+    for problem in problems:
+        for index, launch in enumerate(record(problem, "meta")):
+            for config in kernel_aot.tuner_configs(launch, arch):
+                kwargs = dict(launch.kwargs) | (config.all_kwargs() if config is not None else {})
+                _, (options, signature, constexprs, attrs), _ = kernel_aot.bind(launch.jit, launch.args, kwargs, arch)
+                key = (launch.kernel, repr(signature), repr(constexprs), repr(attrs), repr(options))
+                if key not in seen:
+                    seen.add(key)
+                    work.append((problem, index, config_entry(config) if config is not None else None, arch))
     context = multiprocessing.get_context("spawn")  # CUDA does not survive fork
-    tasks = [(p, 1 / math.sqrt(p.head_dim)) for p in problems]
     with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-        counts = list(pool.map(_warm_up, tasks))
-    return {"compilations": sum(counts), "seconds": round(time.perf_counter() - started, 1), "processes": jobs}
+        list(pool.map(_warm_up, work, chunksize=4))
+    return {"compilations": len(work), "seconds": round(time.perf_counter() - started, 1), "processes": jobs}
 
 
 # ----------------------------------------------------------------------------------------------------------------

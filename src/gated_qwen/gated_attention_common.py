@@ -169,10 +169,11 @@ def allowed_entries(kernel: str, capability: tuple[int, int], block_d: int) -> l
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def flag_heuristics(*, gate: str | None = "G", upcast_from: str | None = "Q") -> dict:
+def flag_heuristics(*, gate: str | None = "G", headwise: bool = True, upcast_from: str | None = "Q") -> dict:
     """`triton.heuristics` values derived from the launch arguments: BLOCK_D (the head dim padded to a power of two,
     at least 16 for tl.dot), IS_VARLEN (cu_seqlens given), HAS_GATE / GATE_HEADWISE (a gate given; one logit per
-    head), UPCAST (bf16 tiles are computed in fp32 under the interpreter, whose bf16 arithmetic is wrong)."""
+    head, for kernels that treat it apart), UPCAST (bf16 tiles are computed in fp32 under the interpreter, whose bf16
+    arithmetic is wrong)."""
     values = {
         "BLOCK_D": lambda args: max(16, triton.next_power_of_2(args["HEAD_DIM"])),
         "IS_VARLEN": lambda args: args["cu_seqlens_q"] is not None,
@@ -181,6 +182,7 @@ def flag_heuristics(*, gate: str | None = "G", upcast_from: str | None = "Q") ->
         values["UPCAST"] = lambda args: INTERPRET and args[upcast_from].dtype == torch.bfloat16
     if gate is not None:
         values["HAS_GATE"] = lambda args: args[gate] is not None
+    if gate is not None and headwise:
         values["GATE_HEADWISE"] = lambda args: (
             args[gate] is not None and args[gate].shape[-1] == 1 and args["HEAD_DIM"] != 1)
     return values
