@@ -233,3 +233,29 @@ def test_fp32_on_a_gpu_is_refused_with_the_dtypes_to_use_and_runs_sdpa(monkeypat
         assert_same_as_sdpa(sdpa, fused, ids())
     assert not kernel_calls
     assert any("bfloat16" in r.getMessage() and "SDPA" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("inputs", ["left-padding", "packed"])
+def test_fallback_keeps_padding_and_packing(monkeypatch, fresh_verdicts, kernel_calls, inputs):
+    """The SDPA fallback masks what the kernel would: padded keys (and gives padded query rows zeros), and the
+    boundaries of packed sequences (DataCollatorWithFlattening's cu_seq_lens)."""
+    from transformers import DataCollatorWithFlattening
+
+    break_forward(monkeypatch)
+    sdpa, fused = model_pair(seed=5)
+    if inputs == "left-padding":
+        input_ids = ids(batch=3, length=20, seed=6)
+        mask = torch.ones_like(input_ids)
+        mask[0, :7] = 0
+        batch = {"input_ids": input_ids, "attention_mask": mask, "position_ids": (mask.cumsum(1) - 1).clamp_min(0)}
+        keep = mask.bool()
+    else:
+        sequences = [ids(batch=1, length=n, seed=10 + n)[0].tolist() for n in (9, 17, 1, 12)]
+        collated = DataCollatorWithFlattening(return_flash_attn_kwargs=True)([{"input_ids": s} for s in sequences])
+        batch = {k: v.to(DEVICE) if torch.is_tensor(v) else v for k, v in collated.items() if k != "labels"}
+        batch["use_cache"] = False
+        keep = torch.ones(batch["input_ids"].shape, dtype=torch.bool, device=DEVICE)
+    with torch.no_grad():
+        expected, got = sdpa(**batch).logits, fused(**batch).logits
+    assert rel_err(got[keep], expected[keep]) <= TOL and torch.isfinite(got).all()
+    assert not kernel_calls and fresh_verdicts and all(v is not None for v in fresh_verdicts.values())
