@@ -259,3 +259,9 @@ def test_fallback_keeps_padding_and_packing(monkeypatch, fresh_verdicts, kernel_
         expected, got = sdpa(**batch).logits, fused(**batch).logits
     assert rel_err(got[keep], expected[keep]) <= TOL and torch.isfinite(got).all()
     assert not kernel_calls and fresh_verdicts and all(v is not None for v in fresh_verdicts.values())
+
+
+def test_self_check_runs_under_inference_mode():
+    """Pipelines call models under torch.inference_mode(): the check still builds its own graph and passes."""
+    with torch.inference_mode():
+        assert self_check(Combination(DEVICE, DTYPE, 32, "headwise", False, "dense")) is None

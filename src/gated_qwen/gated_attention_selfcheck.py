@@ -83,25 +83,29 @@ def _problem(combo: Combination, generator: torch.Generator):
 def self_check(combo: Combination) -> str | None:
     """None when the kernel matches the reference for `combo` (outputs and every gradient), else a sentence saying
     what failed (a mismatch, non-finite values, or the exception a compile or launch raised)."""
+    # Callers may be under no_grad (generate) or inference_mode (pipelines): the check builds its own graph.
+    with torch.inference_mode(False), torch.enable_grad():
+        return _run_self_check(combo)
+
+
+def _run_self_check(combo: Combination) -> str | None:
     generator = torch.Generator().manual_seed(0)
     q, k, v, gate, dy, kwargs = _problem(combo, generator)
     names = ["out", "dq", "dk", "dv"] + (["dgate"] if gate is not None else [])
     results = []
     try:
-        with torch.enable_grad():
-            for attend in (gated_attention, naive_gated_attention):
-                leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-                g = None if gate is None else gate.detach().clone().requires_grad_()
-                if attend is naive_gated_attention:  # fp32 reference on the same rounded inputs
-                    leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
-                    g = None if gate is None else gate.detach().float().requires_grad_()
-                out = attend(*leaves, g, **kwargs)
-                out.backward(dy.to(out.dtype))
-                results.append([out] + [t.grad for t in leaves] + ([g.grad] if g is not None else []))
-            if combo.device.startswith("cuda"):
-                torch.cuda.synchronize(combo.device)
+        for attend, cast in ((gated_attention, None), (naive_gated_attention, torch.float32)):
+            # The reference runs in fp32 on the same rounded inputs.
+            leaves = [t.detach().to(cast or t.dtype).requires_grad_() for t in (q, k, v)]
+            g = None if gate is None else gate.detach().to(cast or gate.dtype).requires_grad_()
+            out = attend(*leaves, g, **kwargs)
+            out.backward(dy.to(out.dtype))
+            results.append([out] + [t.grad for t in leaves] + ([g.grad] if g is not None else []))
+        if combo.device.startswith("cuda"):
+            torch.cuda.synchronize(combo.device)
     except Exception as err:  # a compile or launch failure is a verdict, reported to the user
-        return f"{type(err).__name__}: {str(err).strip().splitlines()[0][:300] if str(err).strip() else ''}"
+        message = str(err).strip()
+        return f"{type(err).__name__}: {message.splitlines()[0][:300] if message else ''}"
     bound = SELF_CHECK_TOLERANCE[combo.dtype]
     problems = []
     for name, got, want in zip(names, *results):
