@@ -95,17 +95,21 @@ def kernel_calls(monkeypatch):
 # ------------------------------------------------------------------------------------------------------------------
 
 
+SLOW = pytest.mark.slow  # the fast set keeps the elementwise gate
+
+
 @pytest.mark.parametrize(
     "overrides,fused_gate",
     [
         ({}, True),  # the paper's best: elementwise G1, head-specific, input-dependent
-        ({"gate_granularity": "headwise"}, True),
-        ({"gate_shared_across_heads": True}, True),  # an expand()ed view over heads
-        ({"gate_input_dependent": False}, True),  # a learned [heads, width] logit, expand()ed over batch and time
-        ({"num_key_value_heads": 4}, True),  # MHA
-        ({"gate_position": "value"}, False),  # not fusable: the backend runs as plain attention
-        ({"gate_activation": "silu"}, False),
-        ({"gate_position": None}, False),
+        pytest.param({"gate_granularity": "headwise"}, True, marks=SLOW),
+        pytest.param({"gate_shared_across_heads": True}, True, marks=SLOW),  # an expand()ed view over heads
+        # a learned [heads, width] logit, expand()ed over batch and time
+        pytest.param({"gate_input_dependent": False}, True, marks=SLOW),
+        pytest.param({"num_key_value_heads": 4}, True, marks=SLOW),  # MHA
+        pytest.param({"gate_position": "value"}, False, marks=SLOW),  # not fusable: the backend runs plain attention
+        pytest.param({"gate_activation": "silu"}, False, marks=SLOW),
+        pytest.param({"gate_position": None}, False, marks=SLOW),
     ],
     ids=["elementwise", "headwise", "head-shared", "input-independent", "mha", "value-gate", "silu-gate", "no-gate"],
 )
@@ -130,7 +134,7 @@ def test_left_padding():
     assert rel_err(logits[0, 7:], alone[0]) <= TOL
 
 
-@pytest.mark.parametrize("flash_kwargs", [True, False], ids=["cu_seq_lens", "position_ids"])
+@pytest.mark.parametrize("flash_kwargs", [True, pytest.param(False, marks=SLOW)], ids=["cu_seq_lens", "position_ids"])
 def test_packed_sequences(flash_kwargs, kernel_calls):
     sdpa, fused = model_pair(gate_granularity="headwise", seed=2)
     lengths = [9, 17, 1, 12]

@@ -83,17 +83,27 @@ def assert_matches(q, k, v, gate, **kwargs):
 # ------------------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("gate_kind", ["elementwise", "headwise", None])
-@pytest.mark.parametrize("heads", [(2, 2), (4, 2), (4, 1), (3, 1)], ids=["mha", "gqa2", "gqa4", "gqa3"])
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+HEADS = {"mha": (2, 2), "gqa2": (4, 2), "gqa4": (4, 1), "gqa3": (3, 1)}
+# The fast set (`make test-fast`) keeps one case per gate kind, mask and GQA shape; the rest of the matrix is slow.
+FAST_DENSE = {"causal-gqa2-elementwise", "full-mha-headwise", "causal-gqa3-None", "full-gqa4-elementwise"}
+DENSE_CASES = [
+    pytest.param(causal, heads, gate_kind, id=name, marks=() if name in FAST_DENSE else pytest.mark.slow)
+    for causal in (True, False) for heads_id, heads in HEADS.items() for gate_kind in ("elementwise", "headwise", None)
+    for name in [f"{'causal' if causal else 'full'}-{heads_id}-{gate_kind}"]
+]
+
+
+@pytest.mark.parametrize("causal,heads,gate_kind", DENSE_CASES)
 def test_dense_matrix(causal, heads, gate_kind):
     h_q, h_kv = heads
     assert_matches(*make_inputs(1, 100, 100, h_q, h_kv, 64, gate_kind), causal=causal)
 
 
-@pytest.mark.parametrize("d", [128, 96, 32])
+@pytest.mark.parametrize("d", [pytest.param(128, marks=pytest.mark.slow), pytest.param(96, marks=pytest.mark.slow),
+                               pytest.param(32, marks=pytest.mark.slow), 256])
 def test_other_head_dims(d):
-    """128 is the main target; 96 and 32 exercise the padded head-dim path (BLOCK_D > D, or D < 64)."""
+    """128 is the main target; 96 and 32 exercise the padded head-dim path (BLOCK_D > D, or D < 64); 256 computes
+    dK and dV in two passes of the dK/dV kernel."""
     assert_matches(*make_inputs(1, 80, 80, 4, 2, d, "elementwise"), causal=True)
 
 
@@ -104,7 +114,8 @@ def test_head_dim_too_large_is_a_clear_error():
     assert not tga.gated_attention_supported(q, k, v, g)
 
 
-@pytest.mark.parametrize("s_q,s_k", [(64, 150), (130, 70)], ids=["chunked-prefill", "more-queries-than-keys"])
+@pytest.mark.parametrize("s_q,s_k", [(64, 150), pytest.param(130, 70, marks=pytest.mark.slow)],
+                         ids=["chunked-prefill", "more-queries-than-keys"])
 def test_bottom_right_causal_alignment(s_q, s_k):
     q, k, v, g = make_inputs(2, s_q, s_k, 4, 2, 64, "elementwise")
     out, _ref, grads = assert_matches(q, k, v, g, causal=True)
@@ -115,6 +126,7 @@ def test_bottom_right_causal_alignment(s_q, s_k):
         assert grads[3][0][:, :blind].abs().max().item() == 0.0  # dgate
 
 
+@pytest.mark.slow  # test_inputs_as_arbitrary_strided_views covers views in the fast set
 def test_non_contiguous_qkv():
     """The Transformers adapter passes [B, H, S, D] tensors transposed to [B, S, H, D] (non-contiguous views)."""
     q, k, v, g = make_inputs(2, 90, 90, 4, 2, 64, "elementwise")
@@ -149,7 +161,8 @@ def test_gate_strided_views_flow_gradients_to_the_projection():
         assert rel_err(base_k.grad, base_r.grad) <= TOL[torch.float32]
 
 
-@pytest.mark.parametrize("logits", ["plus40", "minus40", "mixed"])
+@pytest.mark.parametrize("logits", [pytest.param("plus40", marks=pytest.mark.slow),
+                                    pytest.param("minus40", marks=pytest.mark.slow), "mixed"])
 def test_saturated_gate_logits(logits):
     """σ(±40) saturates in fp32: dG must use σ(−G) (not 1 − σ(G)) and nothing may divide by σ(G)."""
     q, k, v, g = make_inputs(1, 96, 96, 4, 2, 64, "elementwise")
@@ -169,8 +182,10 @@ def cu(lengths):
     return torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32, device=DEVICE)
 
 
-@pytest.mark.parametrize("gate_kind", ["elementwise", "headwise"])
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("causal,gate_kind", [(True, "elementwise"), pytest.param(False, "headwise", marks=pytest.mark.slow),
+                                              pytest.param(True, "headwise", marks=pytest.mark.slow),
+                                              pytest.param(False, "elementwise", marks=pytest.mark.slow)],
+                         ids=["causal-elementwise", "full-headwise", "causal-headwise", "full-elementwise"])
 def test_varlen_unequal_lengths(causal, gate_kind):
     lens = [37, 100, 1, 64]
     q, k, v, g = make_inputs(0, 0, 0, 4, 2, 64, gate_kind, packed_q=sum(lens), packed_k=sum(lens))
@@ -189,14 +204,20 @@ def test_varlen_fully_masked_rows_are_zero_with_zero_grads():
     assert out[20:50].abs().min().item() >= 0.0 and out[20:50].abs().max().item() > 0.0
 
 
-@pytest.mark.parametrize("gate_kind", ["elementwise", "headwise"])
-@pytest.mark.parametrize("heads", [(4, 1), (3, 1), (8, 2)], ids=["gqa4", "gqa3", "gqa4x2"])
+@pytest.mark.parametrize("heads,gate_kind", [((8, 2), "elementwise"), pytest.param((3, 1), "headwise", marks=pytest.mark.slow),
+                                             pytest.param((4, 1), "elementwise", marks=pytest.mark.slow),
+                                             pytest.param((4, 1), "headwise", marks=pytest.mark.slow),
+                                             pytest.param((3, 1), "elementwise", marks=pytest.mark.slow),
+                                             pytest.param((8, 2), "headwise", marks=pytest.mark.slow)],
+                         ids=["gqa4x2-elementwise", "gqa3-headwise", "gqa4-elementwise", "gqa4-headwise",
+                              "gqa3-elementwise", "gqa4x2-headwise"])
 def test_decode_one_query_against_long_cache(heads, gate_kind):
     """S_q = 1 takes the split-KV decode kernel (GQA group in tile rows); backward goes through the general path."""
     h_q, h_kv = heads
     assert_matches(*make_inputs(2, 1, 200, h_q, h_kv, 64, gate_kind), causal=True)
 
 
+@pytest.mark.slow
 def test_decode_varlen_with_empty_sequence():
     """Packed decode: one query per sequence (one sequence has none, one has an empty cache)."""
     lens_q, lens_k = [1, 0, 1, 1], [150, 40, 0, 90]
@@ -210,15 +231,198 @@ def test_decode_varlen_with_empty_sequence():
 # ------------------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("gate_kind", ["elementwise", "headwise"])
+@pytest.mark.parametrize("dtype,gate_kind", [pytest.param(torch.float16, "headwise", marks=pytest.mark.slow),
+                                             (torch.bfloat16, "elementwise"),
+                                             pytest.param(torch.float16, "elementwise", marks=pytest.mark.slow),
+                                             pytest.param(torch.bfloat16, "headwise", marks=pytest.mark.slow)],
+                         ids=["headwise-fp16", "elementwise-bf16", "elementwise-fp16", "headwise-bf16"])
 def test_half_precision(dtype, gate_kind):
     """fp16 runs natively; bf16 is upcast to fp32 after loading under the interpreter (its bf16 math is broken)."""
     assert_matches(*make_inputs(2, 100, 100, 4, 2, 64, gate_kind, dtype=dtype), causal=True)
 
 
+@pytest.mark.slow
 def test_half_precision_decode_bf16():
     assert_matches(*make_inputs(1, 1, 150, 4, 1, 128, "elementwise", dtype=torch.bfloat16), causal=True)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Hazards: 64-bit offsets, grid limits, ragged masks, split-KV numerics, autotune keys, strided views
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def views_into_one_allocation(stride: int, count: int, shapes: dict, seed=0):
+    """fp16 tensors {name: 4-D shape with one None} whose None axis has size `count` and element stride `stride`;
+    the other axes are compact. Slot i of that axis holds every tensor's slice i, one after the other, at
+    i · stride in one allocation; only the slots' pages are ever touched (the rest stays virtual)."""
+    slot = sum(math.prod(d for d in shape if d is not None) for shape in shapes.values())
+    big = torch.empty((count - 1) * stride + slot, dtype=torch.float16)
+    gen = torch.Generator().manual_seed(seed)
+    views, offset = {}, 0
+    for name, shape in shapes.items():
+        axis = shape.index(None)
+        sizes = [count if d is None else d for d in shape]
+        inner = [math.prod(d for d in shape[i + 1:] if d is not None) for i in range(4)]
+        strides = [stride if i == axis else inner[i] for i in range(4)]
+        view = big.as_strided(sizes, strides, offset)
+        for index in range(count):
+            view.select(axis, index).copy_(torch.randn(view.select(axis, index).shape, generator=gen))
+        views[name] = view
+        offset += math.prod(d for d in shape if d is not None)
+    return views
+
+
+@pytest.mark.parametrize("axis", ["batch", "head"])
+def test_element_offsets_beyond_int32(axis):
+    """A batch (or head) stride of 2**30 + 64 still fits int32, but the third batch (or head) starts past 2**31: only
+    64-bit offsets address it. (B=8, S=32k, H=32, D=128 holds 2**30 elements per tensor; a [B, H, S, D] view of a
+    long sequence has head offsets h·S·D.) Forward, decode and every gradient against the reference on compact
+    copies."""
+    stride, s, d = 2**30 + 64, 40, 64
+    if axis == "batch":
+        shapes = {"q": (None, s, 2, d), "k": (None, s, 1, d), "v": (None, s, 1, d), "g": (None, s, 2, d)}
+    else:
+        shapes = {"q": (1, s, None, d), "k": (1, s, None, d), "v": (1, s, None, d), "g": (1, s, None, d)}
+    t = views_into_one_allocation(stride, 3, shapes)
+    q, k, v, g = t["q"], t["k"], t["v"], t["g"]
+    assert max(x.stride()[0 if axis == "batch" else 2] for x in (q, k, v, g)) < 2**31
+    compact = [x.double() for x in (q, k, v, g)]
+    op_fwd, op_bwd = torch.ops.gated_qwen.gated_attention_fwd, torch.ops.gated_qwen.gated_attention_bwd
+    scale = 1 / math.sqrt(d)
+    out, lse = op_fwd(q, k, v, g, True, scale, None, None, s, s)
+    dy = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.dtype)
+    grads = op_bwd(dy, q, k, v, g, out, lse, True, scale, None, None, s, s)
+    leaves = [x.requires_grad_() for x in compact]
+    ref = naive_gated_attention(*leaves, causal=True)
+    ref.backward(dy.double())
+    assert rel_err(out, ref) <= TOL[torch.float16]
+    for name, got, leaf in zip(("dq", "dk", "dv", "dgate"), grads, leaves):
+        assert rel_err(got, leaf.grad) <= TOL[torch.float16], name
+    # Decode: the last query of each sequence sees its whole cache, so it equals the last row of the forward.
+    out1, _ = op_fwd(q[:, -1:], k, v, g[:, -1:], True, scale, None, None, 1, s)
+    assert rel_err(out1, ref.detach()[:, -1:]) <= TOL[torch.float16]
+
+
+def record_launches(monkeypatch):
+    """Replace each kernel's innermost `run` by a recorder: [(kernel name, grid, launch kwargs)] (nothing runs)."""
+    from gated_qwen import gated_attention_backward, gated_attention_decode, gated_attention_forward
+
+    calls = []
+    kernels = {"forward": gated_attention_forward.gated_attention_forward_kernel,
+               "preprocess": gated_attention_backward.preprocess_kernel, "dkdv": gated_attention_backward.dkdv_kernel,
+               "dq": gated_attention_backward.dq_kernel, "decode_split": gated_attention_decode.split_kernel,
+               "decode_combine": gated_attention_decode.combine_kernel}
+    for name, kernel in kernels.items():
+        while hasattr(getattr(kernel, "fn", None), "run"):  # Heuristics -> Autotuner -> the JIT (or interpreted) fn
+            kernel = kernel.fn
+
+        def record(*args, grid, warmup=False, _name=name, **kwargs):
+            calls.append((_name, tuple(grid(kwargs)) if callable(grid) else tuple(grid), kwargs))
+
+        monkeypatch.setattr(kernel, "run", record)
+    return calls
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "varlen"])
+def test_launch_grids_stay_within_cuda_limits(monkeypatch, packed):
+    """70,000 sequences × 32 heads (2.2 million (sequence, head) pairs): axis 0 holds blocks × sequences (limit
+    2**31 − 1), axis 1 only the heads (limit 65535). Recorded on meta tensors: nothing is computed."""
+    from gated_qwen.gated_attention_backward import backward
+    from gated_qwen.gated_attention_decode import decode_forward
+    from gated_qwen.gated_attention_forward import forward
+
+    calls = record_launches(monkeypatch)
+    n, s, h, h_kv, d = 70_000, 256, 32, 8, 64
+    lead = (n * s,) if packed else (n, s)
+    q, k, v, g = (torch.empty(*lead, heads, d, device="meta") for heads in (h, h_kv, h_kv, h))
+    cu = torch.empty(n + 1, dtype=torch.int32, device="meta") if packed else None
+    out, lse = forward(q, k, v, g, True, 0.1, cu, cu, s, s)
+    backward(out, q, k, v, g, out, lse, True, 0.1, cu, cu, s, s)
+    q1 = torch.empty(*(((n,) if packed else (n, 1)) + (h, d)), device="meta")
+    decode_forward(q1, k, v, g[: q1.shape[0]] if packed else g[:, :1], 0.1, cu, cu, s)
+    assert {name for name, _, _ in calls} == {"forward", "preprocess", "dkdv", "dq", "decode_split", "decode_combine"}
+    for name, grid, _ in calls:
+        assert len(grid) == 2 and grid[0] <= 2**31 - 1 and grid[1] <= 65535, (name, grid)
+        assert grid[1] in (h, h_kv), (name, grid)  # heads on axis 1, never batch × heads
+        assert grid[0] % n == 0, (name, grid)
+
+
+def test_autotune_keys_bucket_sequence_lengths(monkeypatch):
+    """The tuner keys on power-of-two length classes (SEQ_BUCKET_*), never on exact lengths: 1000 and 1020 tokens
+    share tuned tiles, 3000 gets its own; the short self-check problem does not decide a long run's tiles."""
+    from gated_qwen.gated_attention_backward import dkdv_kernel, dq_kernel
+    from gated_qwen.gated_attention_forward import forward, gated_attention_forward_kernel
+
+    for kernel in (gated_attention_forward_kernel, dkdv_kernel, dq_kernel):
+        keys = kernel.fn.keys
+        assert "SEQ_BUCKET_Q" in keys and "SEQ_BUCKET_K" in keys
+        assert not {"seqlen_q", "seqlen_k"} & set(keys)
+    calls = record_launches(monkeypatch)
+    for s in (1000, 1020, 3000):
+        q = torch.empty(1, s, 2, 64, device="meta")
+        forward(q, q, q, None, True, 0.1, None, None, s, s)
+    buckets = [(kw["SEQ_BUCKET_Q"], kw["SEQ_BUCKET_K"]) for _, _, kw in calls]
+    assert buckets == [(1024, 1024), (1024, 1024), (4096, 4096)]
+
+
+def test_ragged_loads_are_masked(monkeypatch):
+    """Packed sequences whose tensors sit inside NaN-filled buffers: NaN beyond the last row and in the padded head
+    dims (D=48 in a 64-wide tile). Any load that is not masked brings NaN into an output or a gradient."""
+    lens_q, lens_k = [37, 1, 70, 5], [50, 9, 70, 5]
+    t_q, t_k, h_q, h_kv, d, pad = sum(lens_q), sum(lens_k), 4, 2, 48, 80
+
+    def poisoned(rows, heads, seed):
+        buf = torch.full((rows + 2 * pad, heads, 64), float("nan"))
+        buf[pad: pad + rows, :, :d] = torch.randn(rows, heads, d, generator=torch.Generator().manual_seed(seed))
+        return buf[pad: pad + rows, :, :d]
+
+    q, k, v, g, dy = (poisoned(t_q, h_q, 0), poisoned(t_k, h_kv, 1), poisoned(t_k, h_kv, 2), poisoned(t_q, h_q, 3),
+                      poisoned(t_q, h_q, 4))
+    kwargs = {"causal": True, "cu_seqlens_q": cu(lens_q), "cu_seqlens_k": cu(lens_k)}
+    leaves = [t.requires_grad_() for t in (q, k, v, g)]
+    out = gated_attention(*leaves, **kwargs)
+    out.backward(dy)
+    ref_leaves = [t.detach().double().requires_grad_() for t in (q, k, v, g)]
+    ref = naive_gated_attention(*ref_leaves, **kwargs)
+    ref.backward(dy.double())
+    assert rel_err(out, ref) <= TOL[torch.float32]
+    for name, a, b in zip(("dq", "dk", "dv", "dgate"), leaves, ref_leaves):
+        assert torch.isfinite(a.grad).all() and rel_err(a.grad, b.grad) <= TOL[torch.float32], name
+    # The same through the decode kernels: one (poisoned) query per sequence against the poisoned cache.
+    q1, g1, ones = poisoned(len(lens_q), h_q, 5), poisoned(len(lens_q), h_q, 6), cu([1] * len(lens_q))
+    decode_kwargs = {"causal": True, "cu_seqlens_q": ones, "cu_seqlens_k": kwargs["cu_seqlens_k"]}
+    out1 = gated_attention(q1, k.detach(), v.detach(), g1, **decode_kwargs)
+    ref1 = naive_gated_attention(*(t.detach().double() for t in (q1, k, v, g1)), **decode_kwargs)
+    assert torch.isfinite(out1).all() and rel_err(out1, ref1) <= TOL[torch.float32]
+
+
+@pytest.mark.parametrize("splits", [pytest.param(1, marks=pytest.mark.slow), pytest.param(7, marks=pytest.mark.slow), 70])
+def test_split_kv_decode_merges_chunks_exactly(monkeypatch, splits):
+    """4000 cached keys, logits spread over about ±60 (base-2 weights between 2**-120 and 1), merged from 1, 7 or 70
+    chunks (the last ones empty): equals the fp64 reference to fp32 rounding."""
+    from gated_qwen import gated_attention_decode
+
+    monkeypatch.setattr(gated_attention_decode, "num_splits", lambda *args: splits)
+    q, k, v, g = make_inputs(1, 1, 4000, 4, 1, 64, "elementwise")
+    q, k = q * 4, k * 4
+    assert_matches(q, k, v, g, causal=True)
+
+
+@pytest.mark.parametrize("layout", ["strided-last-dim", pytest.param("head-shared-headwise", marks=pytest.mark.slow)])
+def test_inputs_as_arbitrary_strided_views(layout):
+    """No contiguity assumption: q, k, v and the gate with a non-unit head-dim stride, or a headwise gate that is one
+    logit per token expand()ed over heads (zero head and dim strides)."""
+    b, s, h_q, h_kv, d = 2, 70, 4, 2, 64
+    gen = torch.Generator().manual_seed(6)
+    if layout == "strided-last-dim":
+        q, k, v = (torch.randn(b, s, h, 2 * d, generator=gen)[..., ::2] for h in (h_q, h_kv, h_kv))
+        g = torch.randn(b, s, h_q, 3 * d, generator=gen)[..., 1::3]
+        assert q.stride(-1) == 2 and g.stride(-1) == 3
+    else:
+        q, k, v, _ = make_inputs(b, s, s, h_q, h_kv, d, None)
+        g = torch.randn(b, s, 1, 1, generator=gen).expand(b, s, h_q, 1)
+        assert g.stride(2) == 0
+    assert_matches(q, k, v, g, causal=True)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -271,7 +475,8 @@ def test_custom_op_registration_opcheck():
                           test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
 
 
-@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("backend", [pytest.param("aot_eager", marks=pytest.mark.slow),
+                                     pytest.param("inductor", marks=pytest.mark.slow)])
 def test_torch_compile_fullgraph(backend):
     """No graph break around the custom op (fullgraph=True); compiled gradients equal eager ones."""
     if backend == "inductor" and DEVICE == "cpu" and os.environ.get("GATED_QWEN_SKIP_INDUCTOR"):
@@ -300,20 +505,56 @@ def test_torch_compile_fullgraph(backend):
 # ------------------------------------------------------------------------------------------------------------------
 
 
+def kernel_files() -> list[str]:
+    """triton_gated_attention.py and every module it reaches through relative imports (all flat, as on the Hub)."""
+    import re
+    from pathlib import Path
+
+    package = Path(tga.__file__).parent
+    found, todo = [], ["triton_gated_attention.py"]
+    while todo:
+        name = todo.pop()
+        found.append(name)
+        relative = re.findall(r"^\s*from \.(\w+) import", (package / name).read_text(), flags=re.MULTILINE)
+        todo += [f"{m}.py" for m in relative if f"{m}.py" not in found and f"{m}.py" not in todo]
+    return found
+
+
+def copy_flat(tmp_path, package_name):
+    import shutil
+    from pathlib import Path
+
+    pkg = tmp_path / package_name
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    for name in kernel_files():
+        shutil.copy(Path(tga.__file__).parent / name, pkg / name)
+    return pkg
+
+
+def test_kernel_modules_are_flat_and_import_triton_only_through_the_guard():
+    """Every kernel module is reached from the entry point; only gated_attention_common imports triton (in a try)."""
+    import ast
+    from pathlib import Path
+
+    files = kernel_files()
+    assert {"gated_attention_common.py", "gated_attention_prologue.py", "gated_attention_forward.py",
+            "gated_attention_backward.py", "gated_attention_decode.py", "naive_gated_attention.py"} <= set(files)
+    for name in files:
+        tree = ast.parse((Path(tga.__file__).parent / name).read_text())
+        unguarded = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))
+                     and getattr(node, "level", 0) == 0 and (getattr(node, "module", None) or node.names[0].name).startswith("triton")]
+        assert not unguarded, f"{name} imports triton outside the guard"
+
+
 def test_flat_copy_imports_and_reuses_the_registered_ops(tmp_path):
     """Copied into another package (as Hub remote code is), the module imports and runs on the same custom ops."""
     import importlib
-    import shutil
     import sys
-    from pathlib import Path
 
-    src = Path(tga.__file__).parent
-    pkg = tmp_path / "hub_copy_pkg"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    for name in ("triton_gated_attention.py", "naive_gated_attention.py"):
-        shutil.copy(src / name, pkg / name)
-    assert "gated_qwen" not in (pkg / "triton_gated_attention.py").read_text().replace('"gated_qwen"', "")
+    pkg = copy_flat(tmp_path, "hub_copy_pkg")
+    for path in pkg.glob("*.py"):
+        assert "gated_qwen" not in path.read_text().replace('"gated_qwen"', ""), path.name
     sys.path.insert(0, str(tmp_path))
     try:
         copy = importlib.import_module("hub_copy_pkg.triton_gated_attention")
@@ -325,25 +566,21 @@ def test_flat_copy_imports_and_reuses_the_registered_ops(tmp_path):
             del sys.modules[name]
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_module_imports_without_triton(tmp_path):
     """With `import triton` failing, the module still imports, reports it, and the kernel raises a clear error.
 
-    Runs the two files as a flat package (as on the Hub) in a fresh interpreter, without importing Transformers."""
-    import shutil
+    Runs the files as a flat package (as on the Hub) in a fresh interpreter, without importing Transformers."""
     import subprocess
     import sys
-    from pathlib import Path
 
-    pkg = tmp_path / "flat_pkg"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    for name in ("triton_gated_attention.py", "naive_gated_attention.py"):
-        shutil.copy(Path(tga.__file__).parent / name, pkg / name)
+    copy_flat(tmp_path, "flat_pkg")
     code = (
         "import sys; sys.modules['triton'] = None\n"
         "from flat_pkg import triton_gated_attention as t\n"
         "import torch\n"
         "assert not t.triton_available()\n"
+        "assert 'flat_pkg.gated_attention_forward' not in sys.modules\n"
         "q = torch.randn(1, 4, 2, 16)\n"
         "assert t.gated_attention_unsupported_reason(q, q, q) == 'Triton is not installed'\n"
         "try:\n"

@@ -1,0 +1,592 @@
+"""One command on a lent GPU: is the fused gated-attention kernel correct there, and how fast is it?
+
+1. Correctness over the grid (exit status 1 on any failure): head dims 64/128/256, fp16/bf16, causal/non-causal,
+   gate none/elementwise/headwise, dense, packed varlen with unequal query/key lengths, decode against a cache,
+   GQA 1/4/8; output and every gradient against the PyTorch reference in fp64.
+2. Kernel throughput, TFLOP/s forward, backward and forward+backward (bf16, causal, D=128, 16 heads, B·S = 16k
+   tokens, S = 1k…16k): the kernel; PyTorch SDPA (fastest of its flash / cuDNN / memory-efficient backends) followed by
+   a separate `* sigmoid(gate)`, as Transformers applies the gate; FlashAttention + gate when `flash_attn` is installed.
+   FLOPs: forward 4·B·H·S²·D, halved when causal; backward 2.5×; forward+backward 3.5×.
+3. End to end: a GatedQwen with the paper's 1.7B widths (hidden 2048, 16 query / 8 key-value heads of 128, MLP 6144,
+   G1 elementwise gate) and a few layers, bf16: training step (forward, backward, AdamW) and greedy decode, tokens/s,
+   `attn_implementation="gated_triton"` vs `"sdpa"`, and the gated_triton backend's self-check verdicts.
+
+Writes DIR/results.json and DIR/results.md (GPU, driver, versions, every figure) and prints the markdown.
+Before step 1 every kernel configuration the grid and step 2 need is compiled in parallel (one process per CPU core)
+into Triton's cache, so the run fits in 8 minutes on an H200.
+
+    python benchmarks/gpu_check.py --out DIR                # on a CUDA GPU (also: make gpu-check)
+    python benchmarks/gpu_check.py --interpret --out DIR    # CPU, Triton interpreter, tiny sizes: checks this script
+                                                            # and the kernel's CPU behaviour, measures nothing
+
+Exit status: 0 all checks pass, 1 a correctness check failed (the figures are still written), 2 bad arguments or no
+GPU (one line on stderr).
+"""
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parent
+
+# Goals the figures are reported against (benchmarks/RESULTS.md; H100/H200, bf16, causal, D=128).
+GOALS = {"forward_tflops": 450.0, "backward_tflops": 300.0, "fwd_bwd_vs_sdpa_gate": 1.1, "goal_min_seqlen": 2048}
+# Bounds on max |kernel − reference| / max |reference| per tensor against the fp64 reference.
+BOUND = {"fp16": 5e-3, "bf16": 4e-2, "fp32": 1e-5}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True, help="new folder for results.json and results.md")
+    p.add_argument("--interpret", action="store_true",
+                   help="CPU under the Triton interpreter with tiny sizes (checks the script; timings meaningless)")
+    p.add_argument("--layers", type=int, default=None, help="decoder layers of the end-to-end model (default 4; 2)")
+    p.add_argument("--jobs", type=int, default=None, help="compiler processes (default: one per CPU core)")
+    return p.parse_args(argv)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Problems: one constructor for the correctness grid and the throughput sizes, on any device (meta for warm-up)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    head_dim: int
+    dtype: str  # fp16 | bf16 | fp32 (fp32 only under the interpreter)
+    causal: bool
+    gate: str | None  # None | elementwise | headwise
+    layout: str  # dense | varlen | decode | varlen-decode
+    h_q: int = 8
+    h_kv: int = 2
+    batch: int = 2
+    seq: int = 257
+    backward: bool = True
+
+    @property
+    def label(self) -> str:
+        return (f"D={self.head_dim} {self.dtype} {'causal' if self.causal else 'full'} {self.gate or 'no gate'} "
+                f"{self.layout} Hq={self.h_q} Hkv={self.h_kv}")
+
+
+def correctness_grid(interpret: bool) -> list[Problem]:
+    if interpret:  # a few cases on tiny sizes: the interpreter is slow
+        return [
+            Problem(64, "fp16", True, "elementwise", "dense", seq=70),
+            Problem(64, "bf16", False, "headwise", "dense", h_q=4, h_kv=4, seq=70),
+            Problem(64, "fp16", True, "elementwise", "varlen", seq=70),
+            Problem(64, "fp32", True, "headwise", "decode", seq=150),
+            Problem(64, "fp16", True, None, "varlen-decode", seq=100, backward=False),
+        ]
+    grid = [Problem(d, dt, c, g, "dense") for d in (64, 128, 256) for dt in ("fp16", "bf16") for c in (True, False)
+            for g in (None, "elementwise", "headwise")]
+    grid += [Problem(d, "bf16", True, g, "varlen") for d in (64, 128, 256) for g in ("elementwise", "headwise")]
+    grid.append(Problem(128, "fp16", False, None, "varlen"))
+    grid += [Problem(d, dt, True, g, "decode", batch=3, seq=1000, backward=False) for d in (64, 128, 256)
+             for dt in ("fp16", "bf16") for g in (None, "elementwise", "headwise")]
+    grid.append(Problem(128, "bf16", True, "elementwise", "decode", batch=3, seq=1000))  # decode backward
+    grid.append(Problem(128, "bf16", True, "elementwise", "varlen-decode", seq=1000, backward=False))
+    grid += [Problem(128, "bf16", True, "elementwise", "dense", h_q=hq, h_kv=hkv) for hq, hkv in ((8, 8), (16, 2))]
+    return grid
+
+
+def build(problem: Problem, device, seed: int | None = 0):
+    """(q, k, v, gate, dy, kwargs of gated_attention) for `problem` on `device`; `seed=None` leaves them empty (for
+    compiling: only shapes, strides and dtypes matter). The gate is a slice of a fused projection, as in the model."""
+    import torch
+
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[problem.dtype]
+    gen = None if seed is None else torch.Generator().manual_seed(seed)
+
+    def make(*shape):
+        if gen is None:
+            return torch.empty(*shape, dtype=dtype, device=device)
+        return torch.randn(*shape, generator=gen).to(device, dtype)
+
+    s, d = problem.seq, problem.head_dim
+    kwargs = {"causal": problem.causal}
+    if problem.layout.startswith("varlen"):
+        lens_q = [1, 1, 1, 1] if problem.layout == "varlen-decode" else [s // 2, 1, s, 64]
+        lens_k = [s // 2 + 20, 9, s, 64] if problem.layout == "varlen" else [s, 37, 1, s // 3]
+        cu_q, cu_k = (torch.tensor([0] + torch.tensor(n).cumsum(0).tolist(), dtype=torch.int32, device=device)
+                      for n in (lens_q, lens_k))
+        lead_q, lead_k = (sum(lens_q),), (sum(lens_k),)
+        kwargs |= {"cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k, "max_seqlen_q": max(lens_q), "max_seqlen_k": max(lens_k)}
+    elif problem.layout == "decode":
+        lead_q, lead_k = (problem.batch, 1), (problem.batch, s)
+    else:
+        lead_q = lead_k = (problem.batch, s)
+    # q, k, v as Transformers hands them: [B, H, S, D] projections viewed as [B, S, H, D].
+    q, k, v = (make(*lead[:-1], h, lead[-1], d).transpose(-3, -2) if len(lead) == 2 else make(*lead, h, d)
+               for lead, h in ((lead_q, problem.h_q), (lead_k, problem.h_kv), (lead_k, problem.h_kv)))
+    gate = None
+    if problem.gate == "elementwise":
+        gate = make(*lead_q, problem.h_q, 2 * d)[..., d:]
+    elif problem.gate == "headwise":
+        gate = make(*lead_q, problem.h_q, 1)
+    return q, k, v, gate, make(*lead_q, problem.h_q, d), kwargs
+
+
+def max_lengths(q, k, kwargs):
+    if "cu_seqlens_q" in kwargs:
+        return kwargs["max_seqlen_q"], kwargs["max_seqlen_k"]
+    return q.shape[1], k.shape[1]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Parallel compilation into Triton's cache (GPU only)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def record(problem: Problem, device) -> list:
+    """The kernel launches (benchmarks/kernel_aot.py's recorder) that forward and backward make for `problem`."""
+    sys.path.insert(0, str(BENCHMARKS))
+    import kernel_aot
+
+    from gated_qwen.gated_attention_backward import backward
+    from gated_qwen.gated_attention_decode import decode_forward
+    from gated_qwen.gated_attention_forward import forward
+
+    q, k, v, gate, dy, kwargs = build(problem, device, seed=None)
+    max_q, max_k = max_lengths(q, k, kwargs)
+    cu_q, cu_k = kwargs.get("cu_seqlens_q"), kwargs.get("cu_seqlens_k")
+    scale = 1 / math.sqrt(problem.head_dim)
+    launches = []
+    with kernel_aot.recording(kernel_aot.kernel_objects(), launches):
+        if max_q == 1:
+            out, lse = decode_forward(q, k, v, gate, scale, cu_q, cu_k, max_k)
+        else:
+            out, lse = forward(q, k, v, gate, problem.causal, scale, cu_q, cu_k, max_q, max_k)
+        if problem.backward:
+            backward(dy, q, k, v, gate, out, lse, problem.causal, scale, cu_q, cu_k, max_q, max_k)
+    return launches
+
+
+def _warm_up(job):
+    """Worker: compile one configuration of one launch through the JIT itself (`warmup`), on CUDA tensors of the
+    real shapes, so the cache entry is exactly the one the real launch looks up."""
+    problem, index, entry, arch = job
+    sys.path.insert(0, str(BENCHMARKS))
+    import kernel_aot
+
+    from gated_qwen.gated_attention_common import config_entry
+
+    launch = record(problem, "cuda")[index]
+    config = next((c for c in kernel_aot.tuner_configs(launch, arch) if c is not None and config_entry(c) == entry),
+                  None)
+    kwargs = dict(launch.kwargs) | (config.all_kwargs() if config is not None else {})
+    launch.jit.warmup(*launch.args, grid=(1,), **kwargs)
+
+
+def compile_ahead(problems: list[Problem], jobs: int) -> dict:
+    """Compile every distinct (kernel, specialisation, configuration) the problems launch, in parallel processes,
+    into Triton's cache; launches that bind identically (decided on meta tensors here) are compiled once."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    import torch
+
+    sys.path.insert(0, str(BENCHMARKS))
+    import kernel_aot
+
+    from gated_qwen.gated_attention_common import config_entry
+
+    started = time.perf_counter()
+    major, minor = torch.cuda.get_device_capability()
+    arch = major * 10 + minor
+    work, seen = [], set()
+    for problem in problems:
+        for index, launch in enumerate(record(problem, "meta")):
+            for config in kernel_aot.tuner_configs(launch, arch):
+                kwargs = dict(launch.kwargs) | (config.all_kwargs() if config is not None else {})
+                _, (options, signature, constexprs, attrs), _ = kernel_aot.bind(launch.jit, launch.args, kwargs, arch)
+                key = (launch.kernel, repr(signature), repr(constexprs), repr(attrs), repr(options))
+                if key not in seen:
+                    seen.add(key)
+                    work.append((problem, index, config_entry(config) if config is not None else None, arch))
+    context = multiprocessing.get_context("spawn")  # CUDA does not survive fork
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+        list(pool.map(_warm_up, work, chunksize=4))
+    return {"compilations": len(work), "seconds": round(time.perf_counter() - started, 1), "processes": jobs}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 1. Correctness
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def check(problem: Problem, device: str) -> dict:
+
+    from gated_qwen.naive_gated_attention import naive_gated_attention
+    from gated_qwen.triton_gated_attention import gated_attention
+
+    q, k, v, gate, dy, kwargs = build(problem, device)
+    inputs = [t for t in (q, k, v, gate) if t is not None]
+    names = ["dq", "dk", "dv"] + (["dgate"] if gate is not None else [])
+    row = {"case": problem.label}
+    try:
+        leaves = [t.detach().clone().requires_grad_() for t in inputs]
+        out = gated_attention(*leaves[:3], leaves[3] if gate is not None else None, **kwargs)
+        ref_leaves = [t.detach().double().requires_grad_() for t in inputs]
+        ref = naive_gated_attention(*ref_leaves[:3], ref_leaves[3] if gate is not None else None, **kwargs)
+        if problem.backward:
+            out.backward(dy)
+            ref.backward(dy.double())
+        errors = {"out": _rel_err(out, ref)}
+        if problem.backward:
+            errors |= {n: _rel_err(a.grad, b.grad) for n, a, b in zip(names, leaves, ref_leaves)}
+        row["errors"] = errors
+        row["ok"] = all(math.isfinite(e) and e <= BOUND[problem.dtype] for e in errors.values())
+    except Exception as err:  # reported as a failing row
+        row["errors"], row["ok"], row["error"] = {}, False, f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+    return row
+
+
+def _rel_err(actual, expected) -> float:
+    actual, expected = actual.double(), expected.double()
+    if not bool(actual.isfinite().all()):
+        return float("inf")
+    return ((actual - expected).abs().max() / expected.abs().max().clamp_min(1e-300)).item()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 2. Kernel throughput
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def bench_ms(fn, device, grad_to_none=None) -> float:
+    """Median milliseconds: triton.testing.do_bench on a GPU, a few wall-clock runs under the interpreter."""
+    if device == "cuda":
+        import triton.testing
+
+        return triton.testing.do_bench(fn, warmup=25, rep=100, grad_to_none=grad_to_none)
+    fn()
+    times = []
+    for _ in range(2):
+        started = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - started) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def time_fwd_bwd(forward, inputs, dy, device):
+    """(forward ms, backward ms, forward+backward ms) of `forward(*inputs)`."""
+    fwd = bench_ms(lambda: forward(*inputs), device)
+    out = forward(*inputs)
+    bwd = bench_ms(lambda: out.backward(dy, retain_graph=True), device, grad_to_none=list(inputs))
+
+    def step():
+        forward(*inputs).backward(dy)
+
+    return fwd, bwd, bench_ms(step, device, grad_to_none=list(inputs))
+
+
+def sdpa_backends(device):
+    if device != "cuda":
+        return [("default", contextlib.nullcontext)]
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return [(name, lambda be=be: sdpa_kernel(be)) for name, be in
+            (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION),
+             ("mem-efficient", SDPBackend.EFFICIENT_ATTENTION))]
+
+
+def throughput_problems(interpret: bool) -> list[Problem]:
+    tokens, seqlens = (256, (64, 128)) if interpret else (16384, (1024, 2048, 4096, 8192, 16384))
+    heads, d = (2, 64) if interpret else (16, 128)
+    return [Problem(d, "bf16", True, "elementwise", "dense", h_q=heads, h_kv=heads, batch=max(1, tokens // s), seq=s)
+            for s in seqlens]
+
+
+def measure_throughput(problems: list[Problem], device: str) -> list[dict]:
+    import torch
+    import torch.nn.functional as F
+
+    from gated_qwen.triton_gated_attention import gated_attention
+
+    try:
+        from flash_attn import flash_attn_func
+    except ImportError:
+        flash_attn_func = None
+
+    def ours(q, k, v, g):
+        return gated_attention(q, k, v, g, causal=True)
+
+    def sdpa_then_gate(q, k, v, g):
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                                             enable_gqa=q.shape[2] != k.shape[2])
+        return out.transpose(1, 2) * torch.sigmoid(g)
+
+    def flash_then_gate(q, k, v, g):
+        return flash_attn_func(q, k, v, causal=True) * torch.sigmoid(g)
+
+    rows = []
+    for problem in problems:
+        q, k, v, gate, dy, _ = build(problem, device, seed=problem.seq)
+        inputs = [t.detach().requires_grad_() for t in (q, k, v, gate)]
+        flops_fwd = 4 * problem.batch * problem.h_q * problem.seq**2 * problem.head_dim / 2
+        flops = (flops_fwd, 2.5 * flops_fwd, 3.5 * flops_fwd)
+
+        def tflops(ms, flops=flops):
+            return [f / (t * 1e-3) / 1e12 for f, t in zip(flops, ms)]
+
+        row = {"S": problem.seq, "B": problem.batch, "kernel": tflops(time_fwd_bwd(ours, inputs, dy, device))}
+        best = None
+        for name, ctx in sdpa_backends(device):
+            try:
+                with ctx():
+                    figures = tflops(time_fwd_bwd(sdpa_then_gate, inputs, dy, device))
+            except RuntimeError as err:  # a backend not available for this shape / dtype / GPU
+                row.setdefault("sdpa_unavailable", {})[name] = str(err).splitlines()[0][:120]
+                continue
+            if best is None or figures[2] > best[1][2]:
+                best = (name, figures)
+        row["sdpa_backend"], row["sdpa_gate"] = best
+        if flash_attn_func is not None and device == "cuda":
+            row["flash_gate"] = tflops(time_fwd_bwd(flash_then_gate, inputs, dy, device))
+        rows.append(row)
+        print(f"  S={problem.seq:6d} B={problem.batch:3d}: TFLOP/s fwd/bwd/fwd+bwd kernel "
+              f"{'/'.join(f'{x:.3g}' for x in row['kernel'])}, SDPA+gate ({best[0]}) "
+              f"{'/'.join(f'{x:.3g}' for x in best[1])}", flush=True)
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 3. End to end
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def end_to_end(device: str, interpret: bool, layers: int) -> dict:
+    import torch
+
+    from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, gated_triton_backend
+
+    if interpret:
+        fields = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16)
+        batch, seq, prompt, new_tokens, dtype = 2, 32, 16, 4, torch.float32
+    else:  # the paper's 1.7B widths (appendix table 7), fewer layers
+        fields = dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_attention_heads=16,
+                      num_key_value_heads=8, head_dim=128, use_qk_norm=True)
+        batch, seq, prompt, new_tokens, dtype = 4, 2048, 512, 64, torch.bfloat16
+    config = GatedQwenConfig(num_hidden_layers=layers, max_position_embeddings=max(4096, seq + new_tokens),
+                             tie_word_embeddings=True, **fields)
+    result = {"config": {"layers": layers, **fields, "dtype": str(dtype).removeprefix("torch.")},
+              "train": {"batch": batch, "seq": seq}, "decode": {"batch": batch, "prompt": prompt,
+                                                                "new_tokens": new_tokens}}
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, config.vocab_size, (batch, seq), generator=gen).to(device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+    def tokens_per_second(attn: str) -> dict:
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = GatedQwenForCausalLM(config).to(dtype)
+        model.set_attn_implementation(attn)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+
+        def train_step():
+            model(input_ids=ids, labels=ids).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        def decode():
+            with torch.no_grad():
+                model.generate(input_ids=ids[:, :prompt], max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                               do_sample=False, pad_token_id=0)
+
+        timings = {}
+        for name, fn, count in (("train", train_step, batch * seq), ("decode", decode, batch * new_tokens)):
+            fn()  # warm-up: compilation, autotuning, the backend's self-check
+            sync()
+            runs = []
+            for _ in range(1 if interpret else 3):
+                started = time.perf_counter()
+                fn()
+                sync()
+                runs.append(time.perf_counter() - started)
+            timings[name] = count / sorted(runs)[len(runs) // 2]
+        return timings
+
+    tokens = {attn: tokens_per_second(attn) for attn in ("sdpa", "gated_triton")}
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    for name in ("train", "decode"):
+        result[name] |= {"sdpa_tokens_per_s": tokens["sdpa"][name],
+                         "gated_triton_tokens_per_s": tokens["gated_triton"][name],
+                         "ratio": tokens["gated_triton"][name] / tokens["sdpa"][name]}
+    result["self_check"] = {combo.describe(): ("passed" if failure is None else failure)
+                            for combo, failure in gated_triton_backend.SELF_CHECK_VERDICTS.items()}
+    return result
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Report
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def environment(device: str) -> dict:
+    import torch
+    import transformers
+    import triton
+
+    env = {"python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__,
+           "transformers": transformers.__version__, "cuda": torch.version.cuda, "host": platform.node(),
+           "cpu_cores": os.cpu_count()}
+    try:
+        import flash_attn
+
+        env["flash_attn"] = flash_attn.__version__
+    except ImportError:
+        env["flash_attn"] = None
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        env |= {"gpu": props.name, "capability": f"{props.major}.{props.minor}", "sms": props.multi_processor_count,
+                "memory_gib": round(props.total_memory / 2**30, 1)}
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                           capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    else:
+        env["gpu"] = "none: CPU, Triton interpreter (timings meaningless)"
+    return env
+
+
+def fmt(x: float) -> str:
+    return f"{x:.1f}" if x >= 10 else f"{x:.3g}"
+
+
+def markdown(results: dict) -> str:
+    env, lines = results["environment"], []
+    lines.append(f"### GPU check: {env['gpu']}\n")
+    lines.append(", ".join(f"{k} {v}" for k, v in env.items() if k != "gpu" and v is not None) + "\n")
+    if "compile" in results:
+        c = results["compile"]
+        lines.append(f"Compiled ahead: {c['compilations']} kernel configurations in {c['seconds']} s "
+                     f"({c['processes']} processes).\n")
+    rows = results["correctness"]
+    failed = [r for r in rows if not r["ok"]]
+    lines.append(f"#### Correctness: {len(rows) - len(failed)} of {len(rows)} cases within bounds "
+                 f"({', '.join(f'{k} {v:g}' for k, v in BOUND.items())} on max|err|/max|ref| vs fp64)\n")
+    lines.append("| case | out | dq | dk | dv | dgate | ok |")
+    lines.append("|---|---|---|---|---|---|---|")
+    for r in rows:
+        e = r["errors"]
+        cells = [f"{e[n]:.1e}" if n in e else "-" for n in ("out", "dq", "dk", "dv", "dgate")]
+        lines.append(f"| {r['case']} | {' | '.join(cells)} | {'ok' if r['ok'] else 'FAIL ' + r.get('error', '')} |")
+    tp = results["throughput"]
+    lines.append(f"\n#### Kernel TFLOP/s (bf16, causal, D={results['throughput_setup']['head_dim']}, "
+                 f"{results['throughput_setup']['heads']} heads, elementwise gate)\n")
+    header = ["S", "B", "kernel fwd", "SDPA+gate fwd", "kernel bwd", "SDPA+gate bwd", "kernel fwd+bwd",
+              "SDPA+gate fwd+bwd", "ratio fwd+bwd", "SDPA backend"]
+    has_flash = any("flash_gate" in r for r in tp)
+    if has_flash:
+        header += ["FA+gate fwd", "FA+gate bwd", "FA+gate fwd+bwd"]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in tp:
+        o, s = r["kernel"], r["sdpa_gate"]
+        cells = [r["S"], r["B"], fmt(o[0]), fmt(s[0]), fmt(o[1]), fmt(s[1]), fmt(o[2]), fmt(s[2]),
+                 f"{o[2] / s[2]:.2f}×" if s[2] > 0 else "-", r["sdpa_backend"]]
+        if has_flash:
+            cells += [fmt(x) for x in r.get("flash_gate", [float("nan")] * 3)]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    goals = results["goals"]
+    lines.append(f"\nGoals (S ≥ {GOALS['goal_min_seqlen']}): forward ≥ {GOALS['forward_tflops']:g} TFLOP/s: "
+                 f"{goals['forward']}; backward ≥ {GOALS['backward_tflops']:g}: {goals['backward']}; fwd+bwd ≥ "
+                 f"{GOALS['fwd_bwd_vs_sdpa_gate']:g}× SDPA + gate: {goals['fwd_bwd']}.")
+    e2e = results["end_to_end"]
+    lines.append(f"\n#### End to end: GatedQwen {e2e['config']['layers']} layers, hidden {e2e['config']['hidden_size']}, "
+                 f"{e2e['config']['num_attention_heads']}/{e2e['config']['num_key_value_heads']} heads of "
+                 f"{e2e['config']['head_dim']}, {e2e['config']['dtype']}\n")
+    lines.append("| | sdpa tokens/s | gated_triton tokens/s | gated_triton / sdpa |")
+    lines.append("|---|---|---|---|")
+    for name, what in (("train", f"training step (B={e2e['train']['batch']}, S={e2e['train']['seq']}, AdamW)"),
+                       ("decode", f"greedy decode (B={e2e['decode']['batch']}, prompt {e2e['decode']['prompt']}, "
+                                  f"{e2e['decode']['new_tokens']} new)")):
+        row = e2e[name]
+        lines.append(f"| {what} | {fmt(row['sdpa_tokens_per_s'])} | {fmt(row['gated_triton_tokens_per_s'])} | "
+                     f"{row['ratio']:.2f}× |")
+    lines.append("\nSelf-check of the gated_triton backend on first use: " + "; ".join(
+        f"{k}: {v}" for k, v in e2e["self_check"].items()) + ".")
+    lines.append(f"\nWall time {results['seconds']} s. Command: {results['command']}")
+    return "\n".join(lines)
+
+
+def goal_status(rows: list[dict], device: str) -> dict:
+    if device != "cuda":
+        return {"forward": "not measured", "backward": "not measured", "fwd_bwd": "not measured"}
+    long = [r for r in rows if r["S"] >= GOALS["goal_min_seqlen"]]
+
+    def verdict(ok):
+        return "met" if ok else "not met"
+
+    return {"forward": verdict(all(r["kernel"][0] >= GOALS["forward_tflops"] for r in long)),
+            "backward": verdict(all(r["kernel"][1] >= GOALS["backward_tflops"] for r in long)),
+            "fwd_bwd": verdict(all(r["kernel"][2] >= GOALS["fwd_bwd_vs_sdpa_gate"] * r["sdpa_gate"][2] for r in long))}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.out.exists():
+        print(f"gpu_check.py: error: {args.out} exists; choose a new folder", file=sys.stderr)
+        return 2
+    if args.interpret:
+        os.environ["TRITON_INTERPRET"] = "1"  # before the kernel modules are imported
+    import torch
+
+    if not args.interpret and not torch.cuda.is_available():
+        print("gpu_check.py: error: no CUDA GPU (torch.cuda.is_available() is False); on a CPU run "
+              "`python benchmarks/gpu_check.py --interpret --out DIR`", file=sys.stderr)
+        return 2
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        print("gpu_check.py: error: Triton is not installed (pip install -e '.[triton]')", file=sys.stderr)
+        return 2
+    from gated_qwen.triton_gated_attention import triton_available
+
+    if not triton_available():
+        print("gpu_check.py: error: the Triton kernel cannot run here (TRITON_INTERPRET was set too late?)",
+              file=sys.stderr)
+        return 2
+    device = "cpu" if args.interpret else "cuda"
+    started = time.perf_counter()
+    results = {"command": "python benchmarks/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+               "environment": environment(device)}
+    print(f"device: {results['environment']['gpu']}", flush=True)
+    grid, sizes = correctness_grid(args.interpret), throughput_problems(args.interpret)
+    if device == "cuda":
+        print("compiling every kernel configuration ahead (parallel) ...", flush=True)
+        results["compile"] = compile_ahead(grid + sizes, args.jobs or os.cpu_count() or 1)
+    print(f"correctness: {len(grid)} cases", flush=True)
+    results["correctness"] = [check(p, device) for p in grid]
+    for row in results["correctness"]:
+        if not row["ok"]:
+            print(f"  FAIL {row['case']}: {row['errors']} {row.get('error', '')}", flush=True)
+    print("kernel throughput:", flush=True)
+    results["throughput_setup"] = {"head_dim": sizes[0].head_dim, "heads": sizes[0].h_q}
+    results["throughput"] = measure_throughput(sizes, device)
+    results["goals"] = goal_status(results["throughput"], device)
+    print("end to end:", flush=True)
+    results["end_to_end"] = end_to_end(device, args.interpret, args.layers or (2 if args.interpret else 4))
+    results["seconds"] = round(time.perf_counter() - started, 1)
+    results["passed"] = all(r["ok"] for r in results["correctness"])
+    report = markdown(results)
+    staging = Path(tempfile.mkdtemp(prefix=args.out.name + ".", dir=args.out.parent))
+    (staging / "results.json").write_text(json.dumps(results, indent=1))
+    (staging / "results.md").write_text(report + "\n")
+    staging.rename(args.out)
+    print(report)
+    return 0 if results["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,220 @@
+"""What the fused gated-attention kernel modules share on the host side: the optional Triton import, the interpreter
+switch, the block configurations the autotuner may try on each GPU architecture, and launch helpers.
+
+Triton is optional: without it this module still imports (`triton` is None) and the kernel modules, which define
+their `@triton.jit` functions at module level, are simply not imported (see `triton_gated_attention.py`).
+Relative imports only: the kernel files are copied to the Hugging Face Hub beside the modeling file.
+"""
+
+import os
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+
+    TRITON_IMPORT_ERROR: BaseException | None = None
+except ImportError as _err:  # the package must import on machines without Triton
+    triton = None
+    tl = None
+    TRITON_IMPORT_ERROR = _err
+
+# Read once at import: `@triton.jit` captures the interpreter switch when the kernels are defined.
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+LOG2E = 1.4426950408889634
+# CUDA grid limits: axis 0 up to 2**31 - 1 programs, axes 1 and 2 up to 65535. Every launch puts
+# (blocks per sequence × sequences) on axis 0 and heads on axis 1.
+MAX_GRID_X = 2**31 - 1
+MAX_GRID_YZ = 65535
+
+
+def triton_available() -> bool:
+    """True when Triton is importable and the kernels can run somewhere: on a CUDA GPU, or under the interpreter."""
+    return triton is not None and (INTERPRET or torch.cuda.is_available())
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Block configurations per GPU architecture
+# --------------------------------------------------------------------------------------------------------------------
+#
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) that the autotuner may try, per kernel, architecture family and head-dim
+# class (BLOCK_D: 64 for D <= 64, 128, 256). Every entry compiles ahead of time (tests/test_kernel_aot.py,
+# benchmarks/kernel_aot.py) within the architecture's shared memory, without register spills, and with wgmma (MMA v3)
+# on sm_90 for 16-bit inputs; configurations that spill or overflow shared memory are left out here, so the tuner
+# never tries them.
+#   sm90:  H100 / H200 (227 KB shared memory per block), also used for sm_100 (Blackwell, 227 KB)
+#   sm80:  A100 (163 KB)
+#   small: every other architecture (sm_86 / sm_89 / sm_120: 99 KB), small tiles
+# The entries were chosen by compiling a wider candidate set for sm_90 and sm_80 in several variants (fp16/bf16,
+# causal/full, gate kinds, dense/varlen, the decode backward) and keeping tiles that never spilled, preferring a margin
+# below 255 registers (register use moves by tens between variants); the full grid re-checks them
+# (benchmarks/RESULTS.md).
+TUNING_SPACE: dict[str, dict[str, dict[int, list[tuple[int, int, int, int]]]]] = {
+    "forward": {
+        "sm90": {
+            64: [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 4), (64, 64, 4, 3)],
+            128: [(128, 64, 8, 3), (64, 128, 8, 2), (64, 64, 8, 2), (64, 32, 4, 2)],
+            256: [(64, 32, 8, 3), (64, 32, 8, 2)],
+        },
+        "sm80": {
+            64: [(128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 8, 2), (64, 32, 4, 3)],
+            128: [(128, 64, 8, 2), (64, 128, 8, 2), (64, 64, 8, 2), (64, 32, 4, 2)],
+            256: [(64, 32, 8, 2), (64, 32, 8, 3)],
+        },
+        "small": {
+            64: [(128, 64, 8, 2), (64, 64, 8, 2)],
+            128: [(128, 64, 8, 2), (64, 32, 4, 2)],
+            256: [(64, 32, 8, 2)],
+        },
+    },
+    # Head dim 256 runs the dK/dV kernel twice (dK, then dV): its entries pass for both.
+    "backward_dkdv": {
+        "sm90": {
+            64: [(64, 128, 8, 2), (64, 64, 8, 2), (32, 128, 8, 2), (32, 64, 4, 2)],
+            128: [(64, 64, 8, 2), (32, 128, 8, 2), (32, 64, 8, 2), (16, 128, 8, 2)],
+            256: [(16, 64, 8, 2), (32, 128, 8, 2), (16, 128, 8, 2)],
+        },
+        "sm80": {
+            64: [(32, 128, 8, 2), (32, 64, 4, 2), (32, 64, 8, 2)],
+            128: [(64, 64, 8, 3), (32, 64, 8, 2), (16, 64, 8, 2)],
+            256: [(32, 64, 8, 2)],
+        },
+        "small": {
+            64: [(32, 64, 4, 2), (32, 64, 8, 2)],
+            128: [(32, 64, 8, 2), (16, 64, 8, 2)],
+            256: [(16, 64, 8, 1), (32, 32, 8, 2)],
+        },
+    },
+    "backward_dq": {
+        "sm90": {
+            64: [(128, 64, 8, 2), (64, 64, 4, 2), (128, 32, 8, 2), (64, 64, 8, 2)],
+            128: [(128, 64, 8, 2), (128, 32, 8, 2), (64, 64, 8, 2), (64, 32, 8, 2)],
+            256: [(128, 32, 8, 2), (64, 32, 8, 2)],
+        },
+        "sm80": {
+            64: [(128, 64, 8, 2), (64, 64, 4, 2), (128, 32, 8, 2), (64, 64, 8, 2)],
+            128: [(128, 32, 8, 2), (64, 64, 8, 2), (64, 32, 8, 2)],
+            256: [(64, 32, 8, 2)],
+        },
+        "small": {
+            64: [(64, 64, 4, 2), (128, 64, 8, 2)],
+            128: [(64, 64, 8, 2), (64, 32, 4, 2)],
+            256: [(64, 32, 8, 1)],
+        },
+    },
+}
+# The one configuration every kernel uses under the interpreter (more than one fails there).
+INTERPRET_CONFIG = (64, 64, 4, 1)
+
+
+def arch_family(capability: tuple[int, int]) -> str:
+    """`(major, minor)` compute capability -> the key of `TUNING_SPACE` whose tiles fit that GPU."""
+    if capability[0] in (9, 10):
+        return "sm90"
+    if capability == (8, 0):
+        return "sm80"
+    return "small"
+
+
+def head_dim_class(block_d: int) -> int:
+    return min(max(block_d, 64), 256)
+
+
+def _config(entry: tuple[int, int, int, int]):
+    block_m, block_n, warps, stages = entry
+    return triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=warps, num_stages=stages)
+
+
+def config_entry(config) -> tuple[int, int, int, int]:
+    """A `triton.Config` as its `TUNING_SPACE` entry `(BLOCK_M, BLOCK_N, num_warps, num_stages)`."""
+    return (config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], config.num_warps, config.num_stages)
+
+
+def autotune_configs(kernel: str) -> list:
+    """Every configuration of `kernel` over all families and classes (the autotuner's list; `prune_configs` picks
+    the ones for the device at hand); exactly one under the interpreter."""
+    if INTERPRET:
+        return [_config(INTERPRET_CONFIG)]
+    entries = []
+    for by_class in TUNING_SPACE[kernel].values():
+        for class_entries in by_class.values():
+            entries += [e for e in class_entries if e not in entries]
+    return [_config(e) for e in entries]
+
+
+def device_capability(tensor: torch.Tensor) -> tuple[int, int]:
+    """Compute capability of the GPU holding `tensor`. Ahead-of-time compilation (benchmarks/kernel_aot.py) swaps
+    this for the target it compiles for."""
+    return torch.cuda.get_device_capability(tensor.device)
+
+
+def prune_configs(kernel: str):
+    """`early_config_prune` for `triton.autotune`: keep the configurations of `TUNING_SPACE[kernel]` listed for this
+    device's architecture family and the launch's head-dim class."""
+
+    def prune(configs, named_args, **kwargs):
+        args = {**named_args, **kwargs}  # positional and keyword launch arguments
+        allowed = allowed_entries(kernel, device_capability(args["Q"]), args["BLOCK_D"])
+        kept = [c for c in configs if config_entry(c) in allowed]
+        return kept or configs[:1]
+
+    return prune
+
+
+def allowed_entries(kernel: str, capability: tuple[int, int], block_d: int) -> list[tuple[int, int, int, int]]:
+    return TUNING_SPACE[kernel][arch_family(capability)][head_dim_class(block_d)]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Launch helpers
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def flag_heuristics(*, gate: str | None = "G", headwise: bool = True, upcast_from: str | None = "Q") -> dict:
+    """`triton.heuristics` values derived from the launch arguments: BLOCK_D (the head dim padded to a power of two,
+    at least 16 for tl.dot), IS_VARLEN (cu_seqlens given), HAS_GATE / GATE_HEADWISE (a gate given; one logit per
+    head, for kernels that treat it apart), UPCAST (bf16 tiles are computed in fp32 under the interpreter, whose bf16
+    arithmetic is wrong)."""
+    values = {
+        "BLOCK_D": lambda args: max(16, triton.next_power_of_2(args["HEAD_DIM"])),
+        "IS_VARLEN": lambda args: args["cu_seqlens_q"] is not None,
+    }
+    if upcast_from is not None:
+        values["UPCAST"] = lambda args: INTERPRET and args[upcast_from].dtype == torch.bfloat16
+    if gate is not None:
+        values["HAS_GATE"] = lambda args: args[gate] is not None
+    if gate is not None and headwise:
+        values["GATE_HEADWISE"] = lambda args: (
+            args[gate] is not None and args[gate].shape[-1] == 1 and args["HEAD_DIM"] != 1)
+    return values
+
+
+def strides4(t: torch.Tensor | None, packed: bool) -> tuple[int, int, int, int]:
+    """(batch, row, head, dim) strides of `[B, S, H, D]`, or of a packed `[T, H, D]` tensor with batch stride 0 (its
+    rows come from cu_seqlens). A headwise gate `[..., 1]` gets dim stride 0; None gets zeros."""
+    if t is None:
+        return (0, 0, 0, 0)
+    strides = ((0,) if packed else ()) + tuple(t.stride())
+    return strides[:3] + ((0,) if t.shape[-1] == 1 else (strides[3],))
+
+
+def lse_strides(lse: torch.Tensor, packed: bool, seqlen_q: int) -> tuple[int, int]:
+    """(head, batch) strides of the logsumexp `[Hq, rows]`: row of (b, i) is `b · seqlen_q + i` (dense) or the
+    packed row (varlen, batch stride 0)."""
+    return (lse.stride(0), 0 if packed else seqlen_q)
+
+
+def seq_bucket(n: int) -> int:
+    """Autotune key for a sequence length: the next power of two, so the tuner runs once per size class (not once per
+    length) and a short self-check problem does not decide the tiles of a long one."""
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def grid_2d(blocks_per_sequence: int, n_batch: int, heads: int) -> tuple[int, int]:
+    """The grid `(blocks × sequences, heads)`; raises if a CUDA limit would be exceeded instead of launching wrong."""
+    grid = (blocks_per_sequence * n_batch, heads)
+    if grid[0] > MAX_GRID_X or grid[1] > MAX_GRID_YZ:
+        raise ValueError(f"launch grid {grid} exceeds the CUDA limits ({MAX_GRID_X}, {MAX_GRID_YZ}): "
+                         f"{n_batch} sequences × {blocks_per_sequence} blocks, {heads} heads")
+    return grid
