@@ -263,7 +263,7 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "reproduce", help="train tiny baseline/gated models on built-in data, analyse them, write report.md (the demo)")
     parser.add_argument("--preset", choices=list(reproduce.PRESETS), default="default",
-                        help="smoke: seconds; default: ~8 min on 2 CPU cores; large: a GPU")
+                        help="smoke: seconds; default: ~4 min on 2 CPU cores; large: a GPU")
     parser.add_argument("--variants", help=f"comma-separated subset of {','.join(reproduce.VARIANTS)}")
     parser.add_argument("--steps", type=_positive_int, help="training steps per run")
     parser.add_argument("--hidden-size", type=_positive_int, help="model width (heads keep their number)")
