@@ -14,8 +14,10 @@ from safetensors.torch import load_file, save_file
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
 from gated_qwen.analysis import SyntheticLanguage, analyze, first_token_attention, mean_nll, perplexity_by_length
-from gated_qwen.analysis.measure import GATE_BINS, with_yarn
-from gated_qwen.analysis.reproduce import loss_spikes
+from gated_qwen.analysis.data import BigramBackcopy
+from gated_qwen.analysis.measure import GATE_BINS, first_token_attention_per_query, with_yarn
+from gated_qwen.analysis.report import directions, gate_histogram_mode, sink_heads
+from gated_qwen.analysis.reproduce import loss_spikes, planned_runs, sink_profile
 from gated_qwen.cli import main
 
 VOCAB = 61
@@ -88,6 +90,18 @@ def test_first_token_attention_and_maps_match_eager_attention(overrides):
         torch.stack([w[:, :, 1:, 0].mean() for w in attentions]).mean().item(), abs=1e-6)
     if "sliding_window" in overrides:
         assert (result["first_token_attention_by_position"][1:, 5:] == 0).all()  # key 0 left the window
+
+
+@pytest.mark.parametrize("overrides", [{}, {"use_sliding_window": True, "sliding_window": 5, "max_window_layers": 1}],
+                         ids=["g1", "sliding-window"])
+def test_first_token_attention_per_query_matches_eager_attention(overrides):
+    model = model_for(**overrides)
+    x = ids()
+    per_query = first_token_attention_per_query(model, x, batch_size=2)
+    attentions, _ = eager_outputs(model, x)
+    assert per_query.shape == (3, 3, 4, 19) and model.config._attn_implementation == "sdpa"
+    torch.testing.assert_close(per_query, torch.stack([w[..., 0] for w in attentions], dim=1).float(), rtol=1e-5,
+                               atol=1e-6)
 
 
 def test_first_token_attention_of_float32_long_rows_matches_softmax():
@@ -262,6 +276,118 @@ def test_builtin_corpus_follows_its_rules():
         SyntheticLanguage(vocab_size=4, successors=4)
 
 
+def test_bigram_backcopy_follows_its_rules():
+    language = BigramBackcopy(vocab_size=30, triggers=3, successors=4, trigger_rate=0.4, seed=2)
+    docs = language.sample(200, 50, seed=7)
+    assert torch.equal(docs, language.sample(200, 50, seed=7))
+    assert not torch.equal(docs, language.sample(200, 50, seed=8))
+    table = language.successor_table()
+    assert table.shape == (30, 4) and (table > 3).all() and table.max() < 30  # successors are ordinary tokens
+    triggers = 0
+    for doc in docs.tolist():  # the rules, token by token
+        assert doc[0] == 0 and doc[1] > 3
+        for i in range(2, len(doc)):
+            if 1 <= doc[i - 1] <= 3:
+                assert doc[i] == doc[i - 2] and doc[i] > 3  # the backcopy: an ordinary token
+            else:
+                assert 1 <= doc[i] <= 3 or doc[i] in table[doc[i - 1]].tolist()
+            triggers += 1 <= doc[i] <= 3
+    share = triggers / (200 * 48)
+    assert share == pytest.approx(0.4 / 1.4, abs=0.02)  # a trigger after each ordinary token with p = 0.4
+    assert torch.equal(language.is_trigger(docs), (docs >= 1) & (docs <= 3))
+    with pytest.raises(ValueError, match="trigger_rate"):
+        BigramBackcopy(trigger_rate=1.5)
+    with pytest.raises(ValueError, match="successors"):
+        BigramBackcopy(vocab_size=10, triggers=4, successors=6)
+
+
+def test_sink_profile_by_hand():
+    per_query = torch.zeros(2, 2, 1, 9)  # 2 documents, 2 layers, 1 head, 9 positions (query 0 left out)
+    per_query[:, 0, 0] = torch.tensor([1.0, 0.8, 0.8, 0.0, 0.0, 0.8, 0.8, 0.0, 0.0])
+    per_query[:, 1, 0] = 0.2
+    triggers = torch.zeros(2, 9, dtype=torch.bool)
+    triggers[:, [3, 4, 7, 8]] = True  # the layer-0 head attends to BOS exactly where the query is no trigger
+    profile = sink_profile(per_query, triggers)
+    assert profile["by_part"] == pytest.approx([0.5, 0.1, 0.5, 0.1])  # positions 1-2, 3-4, 5-6, 7-8
+    assert profile["other"] == pytest.approx(0.5) and profile["trigger"] == pytest.approx(0.1)
+    assert profile["other_per_layer_head"] == [[pytest.approx(0.8)], [pytest.approx(0.2)]]
+    assert profile["trigger_share"] == pytest.approx(0.5)
+    assert set(sink_profile(per_query, None)) == {"by_part"}
+
+
+def _run(variant, seed, f_attn, m_act, gate=None, histogram=None, rise=0.1, loss=2.0, lr=0.01):
+    """A `train_and_measure` result with just what `directions` reads: one layer of two heads."""
+    per_head = [2 * f_attn, 0.0]  # head 0 carries the sink
+    gate_entry = None if gate is None else {"histogram_per_head": histogram}
+    return {"variant": variant, "learning_rate": lr, "seed": seed, "loss_max_rise": rise, "heldout_loss": loss,
+            "sink": {"by_part": [f_attn + 0.2, f_attn - 0.05], "other": f_attn + 0.1},
+            "analysis": {"summary": {"first_token_attention": f_attn, "max_activation": m_act, "gate_mean": gate,
+                                     "gate_below_0.1": None},
+                         "layers": [{"layer": 0, "first_token_attention_per_head": per_head, "gate": gate_entry}],
+                         "gate_histogram_edges": [0.0, 0.05, 0.1, 0.5, 1.0]}}
+
+
+def test_directions_verdicts_against_hand_computed_numbers():
+    closed = [[0.7, 0.1, 0.1, 0.1], [0.1, 0.1, 0.1, 0.7]]  # head 0 mostly below 0.05, head 1 mostly above 0.5
+    runs = [
+        # seed 0: every direction holds
+        _run("baseline", 0, 0.45, 300.0, rise=0.3, loss=2.2), _run("g1-elementwise", 0, 0.1, 100.0, 0.2, closed),
+        _run("ns-sigmoid", 0, 0.4, 250.0, 0.7, closed), _run("input-independent", 0, 0.3, 200.0, 0.5, closed),
+        _run("baseline", 0, 0.4, 900.0, rise=0.3, loss=2.2, lr=0.04),
+        _run("g1-elementwise", 0, 0.1, 400.0, 0.2, closed, rise=0.5, loss=2.1, lr=0.04),
+        # seed 1: a weaker sink (0.29), removed only 2.9 times, M-Act 1.9 times lower, gates half-open,
+        # NS-sigmoid further from the baseline than G1
+        _run("baseline", 1, 0.29, 190.0), _run("g1-elementwise", 1, 0.1, 100.0, 0.35, closed[::-1]),
+        _run("ns-sigmoid", 1, 0.05, 250.0, 0.7, closed), _run("input-independent", 1, 0.25, 200.0, 0.5, closed),
+    ]
+    results = {(r["variant"], r["learning_rate"], r["seed"]): r for r in runs}
+    checks = {c["claim"].split(":")[0].split(" (")[0]: c for c in directions(results, (0.01, 0.04), [0, 1])}
+    verdicts = {claim: c["verdict"] for claim, c in checks.items()}
+    assert verdicts == {
+        "the baseline has a strong attention sink": "in 1 of 2 seeds",  # 0.45 >= 0.3; 0.29 < 0.3
+        "G1 elementwise removes it": "in 1 of 2 seeds",  # 0.45 >= 3 x 0.1; 0.29 < 0.3
+        "G1 elementwise's gate is sparse": "in 1 of 2 seeds",  # seed 1: mean 0.35 and head 0's mode in [0.5, 1)
+        "NS-sigmoid's F-Attn closer to the baseline's than G1 elementwise's": "in 1 of 2 seeds",  # |0.05-0.29| > 0.19
+        "input-independent gate's F-Attn closer to the baseline's than G1 elementwise's": "yes",
+        "G1 elementwise lowers massive activations": "in 1 of 2 seeds",  # 300 >= 2 x 100; 190 < 200
+        "... and at lr 0.04": "yes",  # seed 1 has no high-lr runs: only seed 0 counts
+        "smaller loss spikes for G1 elementwise than for the baseline": "no",  # 0.5 > 0.3
+        "lower held-out loss for G1 elementwise than for the baseline": "yes",
+    }
+    sink = checks["the baseline has a strong attention sink"]["per_seed"]
+    assert sink[0]["numbers"] == {"baseline F-Attn": 0.45, "lowest quarter": pytest.approx(0.4),
+                                  "at non-trigger queries": pytest.approx(0.55)}
+    assert checks["G1 elementwise removes it"]["per_seed"][1]["numbers"]["ratio"] == pytest.approx(2.9)
+    assert checks["... and at lr 0.04"]["per_seed"][1] == {"holds": None, "numbers": {}}
+    gate = checks["G1 elementwise's gate is sparse"]["per_seed"]
+    assert gate[0]["numbers"]["mode bin"] == "[0.00, 0.05)" and gate[0]["numbers"]["in heads"] == "L0H0"
+    assert gate[1]["numbers"]["mode bin"] == "[0.50, 1.00)"
+    del results[("ns-sigmoid", 0.01, 0)], results[("ns-sigmoid", 0.01, 1)]
+    assert directions(results, (0.01, 0.04), [0, 1])[3]["verdict"] == "not run"
+
+
+def test_sink_heads_and_gate_histogram_mode():
+    layers = [{"layer": 0, "first_token_attention_per_head": [0.5, 0.1],
+               "gate": {"histogram_per_head": [[0.6, 0.4, 0.0], [0.0, 0.1, 0.9]]}},
+              {"layer": 1, "first_token_attention_per_head": [0.3, 0.29],
+               "gate": {"histogram_per_head": [[0.0, 0.6, 0.4], [0.0, 0.0, 1.0]]}}]
+    edges = [0.0, 0.1, 0.5, 1.0]
+    assert sink_heads(layers) == [(0, 0), (1, 0)]
+    assert gate_histogram_mode(layers, [(0, 0), (1, 0)], edges) == (0.1, 0.5)  # pooled: 0.6, 1.0, 0.4
+    assert gate_histogram_mode(layers, [(0, 0)], edges) == (0.0, 0.1)
+    assert gate_histogram_mode(layers, [], edges) == (0.5, 1.0)  # every head: 0.6, 1.1, 2.3
+
+
+def test_planned_runs_train_the_high_learning_rate_for_the_chosen_variants():
+    from gated_qwen.analysis.reproduce import PRESETS, customised
+
+    preset = customised(PRESETS["smoke"], seeds=(4, 5), high_lr_variants=("baseline", "g1-elementwise"))
+    assert planned_runs(preset, ["baseline", "ns-sigmoid", "g1-elementwise"]) == [
+        (v, lr, seed) for seed in (4, 5) for v, lr in (("baseline", 1e-2), ("ns-sigmoid", 1e-2),
+                                                      ("g1-elementwise", 1e-2), ("baseline", 4e-2),
+                                                      ("g1-elementwise", 4e-2))]
+
+
 def test_loss_spikes():
     assert loss_spikes([5.0, 4.0, 3.0, 2.0], window=1) == {"max_rise": 0.0, "diverged": False}
     assert loss_spikes([5.0, 3.0, 4.5, 2.0], window=1)["max_rise"] == pytest.approx(1.5)
@@ -276,52 +402,68 @@ def test_reproduce_smoke_preset_end_to_end(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "| g1-elementwise |" in printed and "The paper's directions" in printed
     for name in ("report.md", "report.json", "loss_curves.png", "first_token_attention.png", "max_activation.png",
-                 "gate_histograms.png", "attention_maps.png", "extrapolation.png", "heldout.safetensors"):
+                 "gate_histograms.png", "attention_maps.png", "extrapolation.png", "overview.png",
+                 "heldout.safetensors"):
         assert (out / name).stat().st_size > 0, name
     report = json.loads((out / "report.json").read_text())
-    assert report["learning_rates"] == [1e-2, 4e-2] and report["meta"]["seed"] == 3
-    assert len(report["runs"]) == 6 and len(report["runs"]["baseline-lr0.01"]["train_loss"]) == 6
+    assert report["learning_rates"] == [1e-2, 4e-2] and report["seeds"] == report["meta"]["seeds"] == [3]
+    assert report["preset"]["corpus"] == "bigram-backcopy" and report["preset"]["use_qk_norm"] is False
+    assert len(report["runs"]) == 6 and len(report["runs"]["baseline-lr0.01-seed3"]["train_loss"]) == 6
+    assert {c["verdict"] for c in report["directions"]} <= {"yes", "no", "in 1 of 1 seeds", "not run"}
     # The saved model, measured again, gives the report's numbers.
     heldout = load_file(out / "heldout.safetensors")["input_ids"]
-    run = report["runs"]["g1-elementwise-lr0.04"]
-    model = GatedQwenForCausalLM.from_pretrained(out / "models" / "g1-elementwise-lr0.04").eval()
-    seq_len = report["preset"]["seq_len"]
+    run = report["runs"]["g1-elementwise-lr0.04-seed3"]
+    model = GatedQwenForCausalLM.from_pretrained(out / "models" / "g1-elementwise-lr0.04-seed3").eval()
+    seq_len, analysed = report["preset"]["seq_len"], report["preset"]["analysis_documents"]
     assert run["heldout_loss"] == pytest.approx(mean_nll(model, heldout[: report["preset"]["eval_documents"],
                                                                          :seq_len]), rel=1e-5)
-    again = analyze(model, heldout[: report["preset"]["analysis_documents"], :seq_len], batch_size=8)
+    again = analyze(model, heldout[:analysed, :seq_len], batch_size=8)
     assert run["analysis"]["summary"]["first_token_attention"] == pytest.approx(
         again["summary"]["first_token_attention"], rel=1e-5)
     assert run["analysis"]["summary"]["gate_mean"] == pytest.approx(again["summary"]["gate_mean"], rel=1e-5)
+    # F-Attn at the queries that are not triggers, by hand from the per-query attention of the saved model.
+    docs = heldout[:analysed, :seq_len]
+    per_query = first_token_attention_per_query(model, docs)[..., 1:].double().mean(dim=(1, 2))  # [N, S-1]
+    other = ~BigramBackcopy(**report["preset"]["language"]).is_trigger(docs)[:, 1:]
+    assert run["sink"]["other"] == pytest.approx(per_query[other].mean().item(), rel=1e-5)
     # A non-empty folder is never overwritten silently; --overwrite replaces it whole.
     (out / "mine.txt").write_text("keep")
     assert main(["reproduce", "--preset", "smoke", "--out", str(out), "--jobs", "1"]) == 2
     assert "--overwrite" in capsys.readouterr().err and (out / "mine.txt").exists()
     assert main(["reproduce", "--preset", "smoke", "--out", str(out), "--jobs", "1", "--variants", "baseline",
                  "--steps", "2", "--hidden-size", "16", "--layers", "1", "--seq-len", "24", "--batch-size", "2",
-                 "--learning-rates", "0.001", "0.002", "--overwrite"]) == 0
+                 "--learning-rates", "0.001", "0.002", "--seeds", "5", "6", "--corpus", "repeats", "--qk-norm",
+                 "--no-clip", "--overwrite"]) == 0
     assert not (out / "mine.txt").exists()
     report = json.loads((out / "report.json").read_text())
     assert report["variants"] == ["baseline"] and report["learning_rates"] == [0.001, 0.002]
+    assert report["seeds"] == [5, 6] and len(report["runs"]) == 4 and report["preset"]["corpus"] == "repeats"
     assert {k: report["preset"][k] for k in ("steps", "hidden_size", "head_dim", "num_hidden_layers", "seq_len",
-                                             "batch_size")} == dict(steps=2, hidden_size=16, head_dim=4,
-                                                                    num_hidden_layers=1, seq_len=24, batch_size=2)
-    config = json.loads((out / "models" / "baseline-lr0.002" / "config.json").read_text())
-    assert (config["hidden_size"], config["num_hidden_layers"], config["max_position_embeddings"]) == (16, 1, 24)
+                                             "batch_size", "use_qk_norm", "max_grad_norm")} == dict(
+        steps=2, hidden_size=16, head_dim=16, num_hidden_layers=1, seq_len=24, batch_size=2, use_qk_norm=True,
+        max_grad_norm=0.0)
+    config = json.loads((out / "models" / "baseline-lr0.002-seed6" / "config.json").read_text())
+    assert (config["hidden_size"], config["num_hidden_layers"], config["max_position_embeddings"],
+            config["vocab_size"], config["use_qk_norm"]) == (16, 1, 24, 128, True)
     assert [p.name for p in tmp_path.iterdir()] == ["run"]  # no staging folder left behind
     assert main(["reproduce", "--preset", "smoke", "--out", str(tmp_path / "x"), "--variants", "g9"]) == 2
     assert "unknown ['g9']" in capsys.readouterr().err
-    assert main(["reproduce", "--preset", "smoke", "--out", str(tmp_path / "x"), "--hidden-size", "30"]) == 2
-    assert "multiple of the 4 attention heads" in capsys.readouterr().err
+    assert main(["reproduce", "--preset", "large", "--out", str(tmp_path / "x"), "--hidden-size", "30"]) == 2
+    assert "multiple of the 8 attention heads" in capsys.readouterr().err
+    assert main(["reproduce", "--preset", "smoke", "--out", str(tmp_path / "x"), "--seeds", "1", "1000000"]) == 2
+    assert "held-out documents" in capsys.readouterr().err
 
 
 @pytest.mark.slow  # a fresh interpreter or several processes
 def test_reproduce_in_worker_processes_gives_the_in_process_results():
     from gated_qwen.analysis.reproduce import PRESETS, customised, run_all
 
-    preset = customised(PRESETS["smoke"], steps=3)
-    inline = run_all(preset, ["g1-headwise"], seed=2, models_dir=None, jobs=1, progress=False)
-    spawned = run_all(preset, ["g1-headwise"], seed=2, models_dir=None, jobs=2, progress=False)
-    assert [(r["variant"], r["learning_rate"]) for r in spawned] == [(r["variant"], r["learning_rate"]) for r in inline]
+    preset = customised(PRESETS["smoke"], steps=3, seeds=(2,))
+    inline = run_all(preset, ["g1-headwise"], models_dir=None, jobs=1, progress=False)
+    spawned = run_all(preset, ["g1-headwise"], models_dir=None, jobs=2, progress=False)
+    assert [(r["variant"], r["learning_rate"], r["seed"]) for r in spawned] == [
+        (r["variant"], r["learning_rate"], r["seed"]) for r in inline] == [("g1-headwise", 1e-2, 2),
+                                                                          ("g1-headwise", 4e-2, 2)]
     for a, b in zip(inline, spawned):
         assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-5)
         assert b["analysis"]["summary"]["gate_mean"] == pytest.approx(a["analysis"]["summary"]["gate_mean"], rel=1e-5)

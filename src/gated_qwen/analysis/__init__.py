@@ -2,7 +2,7 @@
 
 - `measure`: F-Attn (first-token attention, without the S x S map), M-Act, |SDPA output| before and after the
   gate, gate statistics (`analyze`); perplexity against context length with and without YaRN.
-- `data`: the built-in synthetic corpus.
+- `data`: the built-in synthetic corpora (Bigram-Backcopy, bigram chain with repeats).
 - `reproduce`: trains tiny baseline / gated / control models with the Transformers `Trainer` and measures them.
 - `cli`: `gated-qwen analyze`, `gated-qwen eval-ppl`, `gated-qwen reproduce`.
 
@@ -11,8 +11,9 @@ The names below are imported on first use, so that the command line can load `cl
 
 import importlib
 
-_EXPORTS = {"SyntheticLanguage": "data", "analyze": "measure", "first_token_attention": "measure",
-            "mean_nll": "measure", "perplexity_by_length": "measure", "with_yarn": "measure"}
+_EXPORTS = {"BigramBackcopy": "data", "SyntheticLanguage": "data", "analyze": "measure",
+            "first_token_attention": "measure", "mean_nll": "measure", "perplexity_by_length": "measure",
+            "with_yarn": "measure"}
 __all__ = list(_EXPORTS)
 
 

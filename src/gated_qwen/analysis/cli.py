@@ -28,7 +28,7 @@ class Inputs:
     `reproduce`). Every window starts the way training sequences did: with BOS where there is one."""
 
     def __init__(self, model_path: str, vocab_size: int, text: str | None, tokens: str | None):
-        from .data import SyntheticLanguage
+        from .data import CORPORA
 
         self.vocab_size = vocab_size
         self.stream = self.rows = None
@@ -65,14 +65,15 @@ class Inputs:
             self.rows = tensors["input_ids"].long()
             self.description = f"{tokens} ({self.rows.shape[0]} x {self.rows.shape[1]} tokens)"
         else:
-            language = SyntheticLanguage()
-            if vocab_size != language.vocab_size:
+            language = next((corpus() for corpus in CORPORA.values() if corpus().vocab_size == vocab_size), None)
+            if language is None:
                 raise ValueError(
-                    f"Without --text or --tokens the input is the built-in synthetic corpus, whose {language.vocab_size}"
-                    f" ids do not match MODEL's vocabulary of {vocab_size}. Pass --text FILE (tokenized with MODEL's "
-                    "tokenizer) or --tokens FILE.")
+                    f"Without --text or --tokens the input is a built-in synthetic corpus, whose vocabularies "
+                    f"({', '.join(f'{name}: {corpus().vocab_size}' for name, corpus in CORPORA.items())} ids) do "
+                    f"not match MODEL's {vocab_size}. Pass --text FILE (tokenized with MODEL's tokenizer) or "
+                    "--tokens FILE.")
             self.language = language
-            self.description = "built-in synthetic corpus, held-out documents"
+            self.description = f"built-in synthetic corpus {type(language).__name__}, held-out documents"
 
     def windows(self, length: int, count: int) -> torch.Tensor:
         """`[n, length]` with n <= `count` windows (fewer only when a text is too short for `count`)."""
@@ -182,6 +183,8 @@ def run_reproduce(args) -> int:
 
     if args.preset not in reproduce.PRESETS:
         raise ValueError(f"--preset {args.preset!r} is not a preset; choose one of {', '.join(reproduce.PRESETS)}.")
+    if args.corpus and args.corpus not in reproduce.CORPORA:
+        raise ValueError(f"--corpus {args.corpus!r} is not a corpus; choose one of {', '.join(reproduce.CORPORA)}.")
     base = reproduce.PRESETS[args.preset]
     size = {}
     if args.hidden_size:
@@ -192,18 +195,21 @@ def run_reproduce(args) -> int:
                     intermediate_size=3 * args.hidden_size)
     preset = reproduce.customised(
         base, steps=args.steps, num_hidden_layers=args.layers, seq_len=args.seq_len, batch_size=args.batch_size,
-        learning_rates=tuple(args.learning_rates) if args.learning_rates else None, **size)
+        learning_rates=tuple(args.learning_rates) if args.learning_rates else None,
+        seeds=tuple(dict.fromkeys(args.seeds)) if args.seeds else None,
+        language=reproduce.CORPORA[args.corpus]() if args.corpus else None, use_qk_norm=args.qk_norm,
+        max_grad_norm=0.0 if args.no_clip else None, bf16=args.bf16 or None, **size)
     variants = args.variants.split(",") if args.variants else list(reproduce.VARIANTS)
     unknown = [v for v in variants if v not in reproduce.VARIANTS]
     if unknown:
         raise ValueError(f"--variants: unknown {unknown}; choose from {list(reproduce.VARIANTS)}.")
-    if args.seed == HELDOUT_SEED:
-        raise ValueError(f"--seed {HELDOUT_SEED} draws the held-out documents; choose another seed.")
+    if HELDOUT_SEED in preset.seeds:
+        raise ValueError(f"--seeds {HELDOUT_SEED} draws the held-out documents; choose another seed.")
     for variant in variants:
         reproduce.model_config(preset, variant)  # a size the model refuses fails now, not in a worker
     out = dict(overwrite=args.overwrite, create_parents=True)
     check_output(args.out, **out)
-    runs = len(variants) * len(preset.learning_rates)
+    runs = len(reproduce.planned_runs(preset, variants))
     jobs = args.jobs or (1 if torch.cuda.is_available() else min(runs, os.cpu_count() or 1))
     device = (torch.cuda.get_device_name(0) if torch.cuda.is_available()
               else f"{os.cpu_count()} CPU cores ({reproduce.cpu_name()})")
@@ -211,9 +217,9 @@ def run_reproduce(args) -> int:
         from safetensors.torch import save_file
 
         started = time.perf_counter()
-        results = reproduce.run_all(preset, variants, args.seed, folder / "models", jobs)
+        results = reproduce.run_all(preset, variants, folder / "models", jobs)
         save_file({"input_ids": reproduce.held_out(preset).contiguous()}, str(folder / "heldout.safetensors"))
-        meta = {"seed": args.seed, "preset": args.preset, "jobs": jobs, "device": device,
+        meta = {"seeds": list(preset.seeds), "preset": args.preset, "jobs": jobs, "device": device,
                 "seconds": time.perf_counter() - started, "environment": reproduce.environment()}
         text = write_reproduce(folder, reproduce.preset_dict(preset), variants, preset.learning_rates, results, meta)
     body = text.split("## Plots")[0]
@@ -280,7 +286,7 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "reproduce", help="train tiny baseline/gated models on built-in data, analyse them, write report.md (the demo)")
     parser.add_argument("--preset", default="default",
-                        help="smoke: seconds; default: ~5 min on 2 CPU cores; large: a GPU or an afternoon")
+                        help="smoke: seconds; default: ~3 min on 2 idle CPU cores; large: a GPU (README)")
     parser.add_argument("--variants", help="comma-separated subset of the variants (default: all; the report lists "
                                            "them, e.g. baseline,g1-elementwise)")
     parser.add_argument("--steps", type=_positive_int, help="training steps per run")
@@ -289,7 +295,15 @@ def register(subparsers) -> None:
     parser.add_argument("--seq-len", type=_positive_int, help="training context length")
     parser.add_argument("--batch-size", type=_positive_int, help="sequences per step")
     parser.add_argument("--learning-rates", type=_positive_float, nargs=2, metavar=("STANDARD", "HIGH"))
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", "--seed", type=int, nargs="+", metavar="SEED",
+                        help="train every model once per seed (default: the preset's, 0 1)")
+    parser.add_argument("--corpus",
+                        help="bigram-backcopy (default): sinks throughout the sequence; repeats: spans copied from "
+                        "far back (the corpus of earlier demos)")
+    parser.add_argument("--qk-norm", action="store_true", default=None,
+                        help="RMSNorm on queries and keys, as in Qwen3 and the paper (off in the demo: see README)")
+    parser.add_argument("--no-clip", action="store_true", help="no gradient clipping (default: clip at norm 1)")
+    parser.add_argument("--bf16", action="store_true", help="bf16 autocast")
     parser.add_argument("--jobs", type=_positive_int, help="runs trained at once (default: one per CPU core on CPU)")
     parser.add_argument("--out", default="runs/reproduce", metavar="DIR", help="output folder (default runs/reproduce)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing non-empty --out")

@@ -1,14 +1,16 @@
-"""The built-in corpus of `gated-qwen reproduce`: a synthetic language generated in-process (no download).
+"""The built-in corpora of `gated-qwen reproduce`: synthetic languages generated in-process (no download).
 
-Every document starts with BOS (id 0), as pretraining sequences do, and continues with two kinds of text:
-- a bigram chain: each token is followed by one of `successors` tokens (a fixed random table), uniformly, so the
-  next token follows from the current one alone and attention has nothing to add;
-- repeats: now and then a span of `span` tokens is copied verbatim from a uniformly chosen earlier position, so
-  inside a repeat the continuation is in the context (far back, on long documents) and attention can find it.
-  Repeats never start in a document's first `span[1]` tokens (there is little to copy from yet).
-Heads that could serve the repeats have nothing to do where there can be none; in the paper's account an ungated
-model then parks their attention on the first token (the attention sink) while a gated one can close its gate
-instead. The demo's models do so mostly in those first tokens: see the README's analysis section.
+`BigramBackcopy` (the default) is the Bigram-Backcopy task of Guo et al. 2024 ("Active-dormant attention heads",
+arXiv 2410.13835): a bigram chain in which a few trigger tokens are followed by a copy of the token before the
+trigger. Predicting a copy needs attention (to the previous token); predicting anything else does not, so a head
+that serves the copies is dormant at every other position, throughout the sequence. Without a gate, a dormant
+head has to put its attention somewhere harmless: on the first token (the attention sink), whose value it can
+make small; the paper's G1 gate lets it close instead.
+
+`SyntheticLanguage` (`--corpus repeats`) is a bigram chain in which spans are now and then copied from far back,
+from position `span[1]` on: heads have lookups to do from there, so sinks form mostly in the first tokens.
+
+Every document starts with BOS (id 0), as pretraining sequences do.
 """
 
 from __future__ import annotations
@@ -19,6 +21,63 @@ import torch
 
 BOS = 0
 HELDOUT_SEED = 1_000_000  # documents drawn with this seed are never trained on
+
+
+@dataclass(frozen=True)
+class BigramBackcopy:
+    """Guo et al. 2024's Bigram-Backcopy task over `vocab_size` ids: 0 is BOS, `1..triggers` are the trigger
+    tokens, the rest are ordinary tokens. `seed` fixes the bigram table; `sample` draws documents with its own seed.
+
+    A document is BOS, an ordinary token, then, for each next token:
+    - after a trigger: a copy of the token before the trigger (the backcopy);
+    - otherwise: a trigger (uniformly chosen) with probability `trigger_rate`, else one of the `successors`
+      ordinary tokens that may follow the current one (a fixed random table), uniformly.
+    The token before a trigger is always ordinary, so copies are ordinary tokens and triggers never follow each
+    other; in the long run a share `trigger_rate / (1 + trigger_rate)` of the tokens are triggers."""
+
+    vocab_size: int = 64
+    triggers: int = 4
+    successors: int = 8
+    trigger_rate: float = 0.4
+    seed: int = 0
+
+    def __post_init__(self):
+        if not 1 <= self.triggers <= self.vocab_size - 3:
+            raise ValueError(f"`triggers` must be in [1, vocab_size - 3 = {self.vocab_size - 3}] (BOS and two "
+                             f"ordinary tokens at least), got {self.triggers}.")
+        ordinary = self.vocab_size - 1 - self.triggers
+        if not 1 <= self.successors <= ordinary:
+            raise ValueError(f"`successors` must be in [1, ordinary tokens = {ordinary}], got {self.successors}.")
+        if not 0 <= self.trigger_rate <= 1:
+            raise ValueError(f"`trigger_rate` must be a probability in [0, 1], got {self.trigger_rate}.")
+
+    def is_trigger(self, ids: torch.Tensor) -> torch.Tensor:
+        """`ids: [...]` -> bool `[...]`: which tokens are triggers."""
+        return (ids >= 1) & (ids <= self.triggers)
+
+    def successor_table(self) -> torch.Tensor:
+        """`[vocab_size, successors]`: the ordinary tokens that may follow each token."""
+        g = torch.Generator().manual_seed(self.seed)
+        ordinary = self.vocab_size - 1 - self.triggers
+        return 1 + self.triggers + torch.stack([torch.randperm(ordinary, generator=g)[: self.successors]
+                                                for _ in range(self.vocab_size)])
+
+    def sample(self, num_documents: int, length: int, seed: int = 0) -> torch.Tensor:
+        """-> `[num_documents, length]` int64 documents; column 0 is BOS."""
+        if num_documents < 1 or length < 2:
+            raise ValueError(f"Need at least 1 document of at least 2 tokens, got {num_documents} x {length}.")
+        table = self.successor_table()
+        g = torch.Generator().manual_seed(seed)
+        ordinary = self.vocab_size - 1 - self.triggers
+        ids = torch.zeros(num_documents, length, dtype=torch.long)
+        ids[:, 1] = 1 + self.triggers + torch.randint(ordinary, (num_documents,), generator=g)
+        for i in range(2, length):
+            pick = torch.randint(self.successors, (num_documents,), generator=g)
+            trigger = 1 + torch.randint(self.triggers, (num_documents,), generator=g)
+            fire = torch.rand(num_documents, generator=g) < self.trigger_rate
+            token = torch.where(fire, trigger, table[ids[:, i - 1], pick])
+            ids[:, i] = torch.where(self.is_trigger(ids[:, i - 1]), ids[:, i - 2], token)
+        return ids
 
 
 @dataclass(frozen=True)
@@ -72,3 +131,6 @@ class SyntheticLanguage:
             source, left = source + repeating.long(), left - repeating.long()
             ids[:, i] = token
         return ids
+
+
+CORPORA = {"bigram-backcopy": BigramBackcopy, "repeats": SyntheticLanguage}  # `reproduce --corpus NAME`

@@ -294,6 +294,42 @@ def analyze(
     return recorder.result()
 
 
+@torch.no_grad()
+def first_token_attention_per_query(model, input_ids: torch.Tensor, batch_size: int = 8) -> torch.Tensor:
+    """The attention probability on the first token of every query, head and layer, per sequence (not averaged):
+    for splitting F-Attn by what the query token is (e.g. the trigger and other positions of the demo's corpus).
+
+    `input_ids: [N, S]` unpadded sequences -> `[N, layers, Hq, S]` float32 (query 0 always 1). Computed as
+    `analyze` computes F-Attn (`first_token_attention`, linear memory), under the same capturing attention
+    function, restored afterwards.
+    """
+    config = model.config
+    if input_ids.dim() != 2 or input_ids.shape[1] < 2:
+        raise ValueError(f"`input_ids` must be [sequences, length] with length >= 2, got shape {tuple(input_ids.shape)}.")
+    rows: dict[int, list[torch.Tensor]] = {}
+
+    class PerQuery:  # the recorder interface `_capture_attention` calls
+        @staticmethod
+        def attention(module, query, key, output):
+            p0 = first_token_attention(query, key, module.scaling, module.sliding_window)  # [B, Hq, S]
+            rows.setdefault(module.layer_idx, []).append(p0.float().cpu())
+
+    decoder = _decoder(model)
+    previous, was_training = config._attn_implementation, model.training
+    device = next(model.parameters()).device
+    token = _ACTIVE_RECORDER.set(PerQuery())
+    model.set_attn_implementation(CAPTURE_ATTENTION)
+    model.eval()
+    try:
+        for batch in input_ids.split(batch_size):
+            decoder(input_ids=batch.to(device), use_cache=False)
+    finally:
+        model.set_attn_implementation(previous)
+        model.train(was_training)
+        _ACTIVE_RECORDER.reset(token)
+    return torch.stack([torch.cat(rows[layer]) for layer in range(config.num_hidden_layers)], dim=1)
+
+
 # ------------------------------------------------------------------------------------------------- perplexity
 @torch.no_grad()
 def mean_nll(model, input_ids: torch.Tensor, batch_size: int = 8) -> float:

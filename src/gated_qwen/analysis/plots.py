@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+LINE_STYLES = ("-", "--", "-.", (0, (1, 1)), (0, (5, 1)))
+
 
 def _pyplot():
     try:
@@ -95,10 +97,11 @@ def gate_histograms(histograms: dict[str, list[list[float]]], edges: list[float]
 
 
 def _positions(ax, lines: dict[str, torch.Tensor], title: str) -> None:
-    for label, row in lines.items():
+    for i, (label, row) in enumerate(lines.items()):
         positions = torch.arange(1, len(row))
         step = max(1, len(positions) // 2000)  # a long input: plot every step-th position
-        ax.plot(positions[::step], row[1::step], label=label, linewidth=1)
+        ax.plot(positions[::step], row[1::step], label=label, linewidth=1.6 if i == 0 else 1,
+                linestyle=LINE_STYLES[i % len(LINE_STYLES)])  # lines that coincide stay visible
     ax.plot(positions[::step], 1.0 / (positions[::step] + 1), "k:", label="uniform 1/(i+1)", linewidth=1)
     ax.set_xscale("log")
     ax.set_xlabel("query position")

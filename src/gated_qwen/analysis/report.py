@@ -77,159 +77,282 @@ def _head_mean(per_head: list[list[float]]) -> list[float]:
 
 
 # -------------------------------------------------------------------------------------------------- reproduce
-def directions(results: dict[tuple[str, float], dict], learning_rates: tuple[float, float]) -> list[dict]:
-    """The paper's directions, checked on the numbers: each `{"claim", "holds" (bool or None if a variant is
-    missing), "numbers"}`."""
+# The issue's yardsticks for "the direction appears in miniature" (the paper's table 4: F-Attn 0.467 -> 0.048,
+# mean gate score 0.116, M-Act 1053 -> 94).
+SINK_LEVEL = 0.3  # F-Attn of a strong attention sink (a layer, head, or the whole baseline)
+SINK_REMOVAL = 3.0  # baseline F-Attn at least this many times G1 elementwise's
+SPARSE_GATE = 0.3  # G1 elementwise's mean gate score at most this
+NEAR_ZERO = 0.1  # the gate histogram's most common bin lies below this score
+MASSIVE_ACTIVATION_RATIO = 2.0  # baseline M-Act at least this many times G1 elementwise's
+
+Results = dict[tuple[str, float, int], dict]  # (variant, learning rate, seed) -> train_and_measure's result
+
+
+def sink_heads(layers: list[dict], level: float = SINK_LEVEL) -> list[tuple[int, int]]:
+    """`(layer, head)` of every head whose F-Attn (over all query positions) is at least `level`; `layers` as in
+    `analyze(...)["layers"]`."""
+    return [(e["layer"], h) for e in layers for h, p in enumerate(e["first_token_attention_per_head"]) if p >= level]
+
+
+def gate_histogram_mode(layers: list[dict], heads: list[tuple[int, int]], edges: list[float]) -> tuple[float, float]:
+    """The `[low, high)` score bin holding most of the gate scores of `heads` (`(layer, head)` of a gated model's
+    `layers`, pooled with equal weight), or of every gated head when `heads` is empty."""
+    chosen = [e["gate"]["histogram_per_head"][h] for layer, h in heads for e in layers
+              if e["layer"] == layer and e["gate"] is not None]
+    if not heads:
+        chosen = [row for e in layers if e["gate"] is not None for row in e["gate"]["histogram_per_head"]]
+    pooled = [sum(col) for col in zip(*chosen)]
+    top = max(range(len(pooled)), key=pooled.__getitem__)
+    return edges[top], edges[top + 1]
+
+
+def _verdict(per_seed: dict[int, dict]) -> str:
+    held = [c["holds"] for c in per_seed.values() if c["holds"] is not None]
+    if not held:
+        return "not run"
+    if all(held):
+        return "yes"
+    if not any(held):
+        return "no"
+    return f"in {sum(held)} of {len(held)} seeds"
+
+
+def directions(results: Results, learning_rates: tuple[float, float], seeds: list[int]) -> list[dict]:
+    """The paper's directions, checked on the numbers of every seed: each `{"claim", "verdict" ("yes": every seed,
+    "no": none, "in k of n seeds", "not run": a variant is missing), "per_seed": {seed: {"holds" (bool or None),
+    "numbers"}}}`."""
     standard, high = learning_rates
 
-    def get(variant, lr, *keys):
-        run = results.get((variant, lr))
-        if run is None:
-            return None
-        value = run
-        for key in keys:
-            value = value[key]
-        return value
+    def run(variant, lr, seed):
+        return results.get((variant, lr, seed))
 
-    checks = []
-    for lr in (standard, high):
-        base, g1 = get("baseline", lr, "analysis", "summary"), get("g1-elementwise", lr, "analysis", "summary")
-        for metric, name in (("first_token_attention", "F-Attn"), ("max_activation", "M-Act")):
-            holds = None if base is None or g1 is None else base[metric] > g1[metric]
-            checks.append({"claim": f"baseline {name} above G1 elementwise's (lr {lr:g})", "holds": holds,
-                           "numbers": {"baseline": base and base[metric], "g1-elementwise": g1 and g1[metric]}})
-        for control in ("ns-sigmoid", "input-independent"):
-            c = get(control, lr, "analysis", "summary")
-            holds = None
-            if base and g1 and c:
-                holds = abs(c["first_token_attention"] - base["first_token_attention"]) < abs(
-                    g1["first_token_attention"] - base["first_token_attention"])
-            checks.append({"claim": f"{control} F-Attn closer to the baseline's than G1 elementwise's (lr {lr:g})",
-                           "holds": holds, "numbers": {v: s and s["first_token_attention"] for v, s in
-                                                       (("baseline", base), ("g1-elementwise", g1), (control, c))}})
-    rise_base, rise_g1 = get("baseline", high, "loss_max_rise"), get("g1-elementwise", high, "loss_max_rise")
-    checks.append({"claim": f"smaller loss spikes for G1 elementwise than for the baseline (lr {high:g})",
-                   "holds": None if rise_base is None or rise_g1 is None else rise_g1 < rise_base,
-                   "numbers": {"baseline": rise_base, "g1-elementwise": rise_g1}})
-    loss_base, loss_g1 = get("baseline", high, "heldout_loss"), get("g1-elementwise", high, "heldout_loss")
-    checks.append({"claim": f"lower held-out loss for G1 elementwise than for the baseline (lr {high:g})",
-                   "holds": None if loss_base is None or loss_g1 is None else loss_g1 < loss_base,
-                   "numbers": {"baseline": loss_base, "g1-elementwise": loss_g1}})
-    return checks
+    def summary(variant, lr, seed):
+        r = run(variant, lr, seed)
+        return r and r["analysis"]["summary"]
+
+    def check(claim: str, evaluate) -> dict:
+        per_seed = {seed: dict(zip(("holds", "numbers"), evaluate(seed))) for seed in seeds}
+        return {"claim": claim, "verdict": _verdict(per_seed), "per_seed": per_seed}
+
+    def strong_sink(seed):
+        r = run("baseline", standard, seed)
+        if r is None:
+            return None, {}
+        f = r["analysis"]["summary"]["first_token_attention"]
+        numbers = {"baseline F-Attn": f, "lowest quarter": min(r["sink"]["by_part"])}
+        if r["sink"].get("other") is not None:
+            numbers["at non-trigger queries"] = r["sink"]["other"]
+        return f >= SINK_LEVEL, numbers
+
+    def removal(seed):
+        base, g1 = summary("baseline", standard, seed), summary("g1-elementwise", standard, seed)
+        if base is None or g1 is None:
+            return None, {}
+        b, g = base["first_token_attention"], g1["first_token_attention"]
+        return b >= SINK_REMOVAL * g, {"baseline": b, "g1-elementwise": g, "ratio": b / g if g > 0 else math.inf}
+
+    def sparse(seed):
+        base, g1 = run("baseline", standard, seed), run("g1-elementwise", standard, seed)
+        if base is None or g1 is None:
+            return None, {}
+        heads = sink_heads(base["analysis"]["layers"])
+        low, high_edge = gate_histogram_mode(g1["analysis"]["layers"], heads, g1["analysis"]["gate_histogram_edges"])
+        mean = g1["analysis"]["summary"]["gate_mean"]
+        return mean <= SPARSE_GATE and high_edge <= NEAR_ZERO + 1e-9, {
+            "gate mean": mean, "scores < 0.1": g1["analysis"]["summary"]["gate_below_0.1"],
+            "mode bin": f"[{low:.2f}, {high_edge:.2f})",
+            "in heads": ", ".join(f"L{layer}H{h}" for layer, h in heads) or "all (no sink head in the baseline)"}
+
+    def closer(control):
+        def evaluate(seed):
+            base, g1, c = (summary(v, standard, seed) for v in ("baseline", "g1-elementwise", control))
+            if base is None or g1 is None or c is None:
+                return None, {}
+            b = base["first_token_attention"]
+            return abs(c["first_token_attention"] - b) < abs(g1["first_token_attention"] - b), {
+                "baseline": b, control: c["first_token_attention"], "g1-elementwise": g1["first_token_attention"]}
+        return evaluate
+
+    def massive(lr):
+        def evaluate(seed):
+            base, g1 = summary("baseline", lr, seed), summary("g1-elementwise", lr, seed)
+            if base is None or g1 is None:
+                return None, {}
+            b, g = base["max_activation"], g1["max_activation"]
+            return b >= MASSIVE_ACTIVATION_RATIO * g, {"baseline": b, "g1-elementwise": g, "ratio": b / g}
+        return evaluate
+
+    def lower(key, lr):
+        def evaluate(seed):
+            base, g1 = run("baseline", lr, seed), run("g1-elementwise", lr, seed)
+            if base is None or g1 is None:
+                return None, {}
+            return g1[key] < base[key], {"baseline": base[key], "g1-elementwise": g1[key]}
+        return evaluate
+
+    return [
+        check(f"the baseline has a strong attention sink: F-Attn >= {SINK_LEVEL:g} over all query positions "
+              f"(lr {standard:g})", strong_sink),
+        check(f"G1 elementwise removes it: baseline F-Attn >= {SINK_REMOVAL:g} x G1's (lr {standard:g})", removal),
+        check(f"G1 elementwise's gate is sparse: mean score <= {SPARSE_GATE:g}, histogram mode below {NEAR_ZERO:g} "
+              f"in the heads where the baseline sinks (lr {standard:g})", sparse),
+        check(f"NS-sigmoid's F-Attn closer to the baseline's than G1 elementwise's (lr {standard:g})",
+              closer("ns-sigmoid")),
+        check(f"input-independent gate's F-Attn closer to the baseline's than G1 elementwise's (lr {standard:g})",
+              closer("input-independent")),
+        check(f"G1 elementwise lowers massive activations: baseline M-Act >= {MASSIVE_ACTIVATION_RATIO:g} x G1's "
+              f"(lr {standard:g})", massive(standard)),
+        check(f"... and at lr {high:g}", massive(high)),
+        check(f"smaller loss spikes for G1 elementwise than for the baseline (lr {high:g})",
+              lower("loss_max_rise", high)),
+        check(f"lower held-out loss for G1 elementwise than for the baseline (lr {high:g})",
+              lower("heldout_loss", high)),
+    ]
 
 
-def reproduce_tables(results: dict[tuple[str, float], dict], variants: list[str],
-                     learning_rates: tuple[float, float]) -> tuple[str, str, str]:
+def _seeds(values: list) -> str:
+    """One cell for every seed's value: `a / b`."""
+    return " / ".join(_fmt(v) for v in values)
+
+
+def reproduce_tables(results: Results, variants: list[str], learning_rates: tuple[float, float],
+                     seeds: list[int]) -> tuple[str, str, str]:
     """The miniature of the paper's table 4 (standard learning rate), of table 2 (both learning rates) and the
-    extrapolation table, as markdown."""
+    extrapolation table (first seed), as markdown; a cell holds every seed's number, `a / b`."""
     standard, high = learning_rates
-    rows4 = []
-    for v in variants:
-        r = results[(v, standard)]
-        s = r["analysis"]["summary"]
-        rows4.append([v, r["gate_parameters"], r["heldout_loss"], r["heldout_ppl"], s["first_token_attention"],
-                      s["max_activation"], s["sdpa_output_mean_abs"], s["gated_output_mean_abs"], s["gate_mean"],
-                      s["gate_below_0.1"]])
-    table4 = markdown_table(["variant", "+params", "held-out loss", "PPL", "F-Attn", "M-Act", "abs SDPA out",
-                             "after gate", "gate mean", "gate < 0.1"], rows4)
-    rows2 = []
-    for v in variants:
-        a, b = results[(v, standard)], results[(v, high)]
-        rows2.append([v, a["heldout_ppl"], b["heldout_ppl"], a["loss_max_rise"], b["loss_max_rise"],
-                      b["analysis"]["summary"]["first_token_attention"], b["analysis"]["summary"]["max_activation"],
-                      b["analysis"]["summary"]["gate_mean"]])
+
+    def cell(variant, lr, get):
+        values = [get(results[(variant, lr, seed)]) if (variant, lr, seed) in results else None for seed in seeds]
+        return _seeds(values) if any(v is not None for v in values) else None
+
+    def summary(key):
+        return lambda r: r["analysis"]["summary"][key]
+
+    rows4 = [[v, results[(v, standard, seeds[0])]["gate_parameters"], cell(v, standard, lambda r: r["heldout_ppl"]),
+              cell(v, standard, summary("first_token_attention")), cell(v, standard, lambda r: r["sink"].get("other")),
+              cell(v, standard, lambda r: r["sink"].get("trigger")), cell(v, standard, summary("max_activation")),
+              cell(v, standard, summary("sdpa_output_mean_abs")), cell(v, standard, summary("gated_output_mean_abs")),
+              cell(v, standard, summary("gate_mean")), cell(v, standard, summary("gate_below_0.1"))]
+             for v in variants]
+    table4 = markdown_table(["variant", "+params", "held-out PPL", "F-Attn", "F-Attn, non-trigger queries",
+                             "F-Attn, trigger queries", "M-Act", "abs SDPA out", "after gate", "gate mean",
+                             "gate < 0.1"], rows4)
+    rows2 = [[v, cell(v, standard, lambda r: r["heldout_ppl"]), cell(v, high, lambda r: r["heldout_ppl"]),
+              cell(v, standard, lambda r: r["loss_max_rise"]), cell(v, high, lambda r: r["loss_max_rise"]),
+              cell(v, high, summary("first_token_attention")), cell(v, high, summary("max_activation")),
+              cell(v, high, summary("gate_mean"))] for v in variants]
     table2 = markdown_table(["variant", f"PPL lr {standard:g}", f"PPL lr {high:g}", f"loss spike lr {standard:g}",
                              f"loss spike lr {high:g}", f"F-Attn lr {high:g}", f"M-Act lr {high:g}",
                              f"gate mean lr {high:g}"], rows2)
-    lengths = [row["length"] for row in results[(variants[0], standard)]["extrapolation"]]
-    yarn = "ppl_yarn" in results[(variants[0], standard)]["extrapolation"][0]
+    first = results[(variants[0], standard, seeds[0])]["extrapolation"]
+    lengths = [row["length"] for row in first]
+    yarn = "ppl_yarn" in first[0]
     header = ["variant"] + [f"PPL @{n}" for n in lengths] + ([f"YaRN @{n}" for n in lengths] if yarn else [])
     rows5 = []
     for v in variants:
-        table = results[(v, standard)]["extrapolation"]
+        table = results[(v, standard, seeds[0])]["extrapolation"]
         rows5.append([v] + [row["ppl"] for row in table] + ([row["ppl_yarn"] for row in table] if yarn else []))
     return table4, table2, markdown_table(header, rows5)
 
 
+def _verdict_line(check: dict) -> str:
+    seeds = "; ".join(f"seed {seed}: " + ", ".join(f"{k} {_fmt(v, 3)}" for k, v in c["numbers"].items())
+                      for seed, c in check["per_seed"].items() if c["numbers"])
+    return f"- {check['claim']}: **{check['verdict']}**" + (f" ({seeds})" if seeds else "")
+
+
 def write_reproduce(folder: Path, preset_info: dict, variants: list[str], learning_rates: tuple[float, float],
                     runs: list[dict], meta: dict) -> str:
-    """Writes report.md, report.json and the plots of a `reproduce` run into `folder`; returns the markdown."""
-    from .reproduce import SPIKE_WINDOW, run_name
+    """Writes report.md, report.json and the plots of a `reproduce` run into `folder` (plots of the first seed);
+    returns the markdown."""
+    from .reproduce import SEQUENCE_PARTS, SPIKE_WINDOW, run_name
 
-    results = {(r["variant"], r["learning_rate"]): r for r in runs}
+    results = {(r["variant"], r["learning_rate"], r["seed"]): r for r in runs}
+    seeds = list(dict.fromkeys(r["seed"] for r in runs))
+    seed = seeds[0]
     standard, high = learning_rates
+    at_high = [v for v in variants if (v, high, seed) in results]
     seq_len = preset_info["seq_len"]
-    losses = {lr: {v: results[(v, lr)]["train_loss"] for v in variants} for lr in learning_rates}
+    losses = {lr: {v: results[(v, lr, seed)]["train_loss"] for v in variants if (v, lr, seed) in results}
+              for lr in learning_rates}
     plots.loss_curves({f"learning rate {lr:g}": losses[lr] for lr in learning_rates}, folder / "loss_curves.png")
-    layers = {lr: {v: results[(v, lr)]["analysis"]["layers"] for v in variants} for lr in learning_rates}
-    first_token = {lr: {v: [e["first_token_attention"] for e in layers[lr][v]] for v in variants}
+    layers = {lr: {v: results[(v, lr, seed)]["analysis"]["layers"] for v in losses[lr]} for lr in learning_rates}
+    first_token = {lr: {v: [e["first_token_attention"] for e in layers[lr][v]] for v in layers[lr]}
                    for lr in learning_rates}
-    max_act = {lr: {v: [e["max_activation"] for e in layers[lr][v]] for v in variants} for lr in learning_rates}
+    max_act = {lr: {v: [e["max_activation"] for e in layers[lr][v]] for v in layers[lr]} for lr in learning_rates}
     for lr, suffix in ((standard, ""), (high, "_high_lr")):
         plots.per_layer(first_token[lr], folder / f"first_token_attention{suffix}.png", "attention on token 0",
-                        f"F-Attn per layer, lr {lr:g}")
+                        f"F-Attn per layer, lr {lr:g}, seed {seed}")
         plots.per_layer(max_act[lr], folder / f"max_activation{suffix}.png", "max |hidden state|",
-                        f"M-Act per layer, lr {lr:g}", log=True)
-    gated = [v for v in variants if results[(v, standard)]["analysis"]["summary"]["gate_mean"] is not None]
+                        f"M-Act per layer, lr {lr:g}, seed {seed}", log=True)
+    gated = [v for v in variants if results[(v, standard, seed)]["analysis"]["summary"]["gate_mean"] is not None]
     histograms = {v: [_head_mean(e["gate"]["histogram_per_head"]) for e in layers[standard][v] if e["gate"]]
                   for v in gated}
-    edges = results[(variants[0], standard)]["analysis"]["gate_histogram_edges"]
+    edges = results[(variants[0], standard, seed)]["analysis"]["gate_histogram_edges"]
     if gated:
         plots.per_layer({v: [e["gate"]["mean"] if e["gate"] else 0.0 for e in layers[standard][v]] for v in gated},
-                        folder / "gate_mean.png", "mean gate score", f"mean gate score per layer, lr {standard:g}")
+                        folder / "gate_mean.png", "mean gate score",
+                        f"mean gate score per layer, lr {standard:g}, seed {seed}")
         plots.gate_histograms(histograms, edges, folder / "gate_histograms.png")
-    by_pos = {v: results[(v, standard)]["tensors"]["first_token_attention_by_position"].mean(0) for v in variants}
+    by_pos = {v: results[(v, standard, seed)]["tensors"]["first_token_attention_by_position"].mean(0)
+              for v in variants}
     plots.by_position(by_pos, folder / "first_token_attention_by_position.png",
-                      f"F-Attn by query position (mean over layers and heads), lr {standard:g}")
-    plots.overview(first_token[standard], max_act[standard], by_pos, f"lr {standard:g}", histograms, edges,
-                   losses[high], f"training loss at the high learning rate, {high:g}", folder / "overview.png")
+                      f"F-Attn by query position (mean over layers and heads), lr {standard:g}, seed {seed}")
+    plots.overview(first_token[standard], max_act[standard], by_pos, f"lr {standard:g}, seed {seed}", histograms,
+                   edges, losses[high], f"training loss at the high learning rate, {high:g}, seed {seed}",
+                   folder / "overview.png")
     last = preset_info["num_hidden_layers"] - 1
     shown = [v for v in ("baseline", "g1-elementwise") if v in variants] or variants[:2]
-    plots.attention_maps({v: {last: results[(v, standard)]["tensors"]["attention_maps"][last]} for v in shown},
-                         folder / "attention_maps.png")
-    plots.extrapolation({v: results[(v, standard)]["extrapolation"] for v in variants}, seq_len,
+    plots.attention_maps({v: {layer: results[(v, standard, seed)]["tensors"]["attention_maps"][layer]
+                              for layer in sorted({0, last})} for v in shown}, folder / "attention_maps.png")
+    plots.extrapolation({v: results[(v, standard, seed)]["extrapolation"] for v in variants}, seq_len,
                         folder / "extrapolation.png")
 
-    table4, table2, table5 = reproduce_tables(results, variants, learning_rates)
-    checks = directions(results, learning_rates)
-    verdicts = "\n".join(
-        f"- {c['claim']}: **{'yes' if c['holds'] else 'no' if c['holds'] is False else 'not run'}** ("
-        + ", ".join(f"{k} {_fmt(v, 4)}" for k, v in c["numbers"].items()) + ")" for c in checks)
+    table4, table2, table5 = reproduce_tables(results, variants, learning_rates, seeds)
+    checks = directions(results, learning_rates, seeds)
+    seed_text = " / ".join(str(s) for s in seeds)
+    corpus = preset_info.get("corpus", "")
     text = "\n\n".join([
         "# gated-qwen reproduce: the paper's tables 2 and 4 in miniature",
-        f"{len(variants)} variants x learning rates {standard:g} and {high:g}; {preset_info['steps']} steps of "
-        f"{preset_info['batch_size']} x {seq_len} tokens; {preset_info['num_hidden_layers']} layers, hidden "
-        f"{preset_info['hidden_size']}, {preset_info['num_attention_heads']} query / "
-        f"{preset_info['num_key_value_heads']} kv heads of {preset_info['head_dim']}. Built-in synthetic corpus "
-        f"(`gated_qwen.analysis.data.SyntheticLanguage`, {json.dumps(preset_info['language'])}); measured on held-out "
-        f"documents. Seed {meta['seed']}; {meta['seconds']:.0f} s on {meta['device']}.",
-        f"## Sink, activations and gates (table 4), learning rate {standard:g}",
+        f"{len(variants)} variants at learning rate {standard:g}, {len(at_high)} of them also at {high:g}; seeds "
+        f"{seed_text}; {preset_info['steps']} steps of {preset_info['batch_size']} x {seq_len} tokens; "
+        f"{preset_info['num_hidden_layers']} layers, hidden {preset_info['hidden_size']}, "
+        f"{preset_info['num_attention_heads']} query / {preset_info['num_key_value_heads']} kv heads of "
+        f"{preset_info['head_dim']}, QK-norm {'on' if preset_info['use_qk_norm'] else 'off'}, gradient clipping "
+        f"{preset_info['max_grad_norm'] or 'off'}{', bf16 autocast' if preset_info['bf16'] else ''}. Built-in corpus "
+        f"`{corpus}` ({json.dumps(preset_info['language'])}); measured on held-out documents. "
+        f"{meta['seconds']:.0f} s on {meta['device']}.",
+        f"## Sink, activations and gates (table 4), learning rate {standard:g}; each cell: seed {seed_text}",
         table4,
-        "F-Attn: attention on the first token (BOS), mean over heads, layers and query positions. M-Act: largest "
-        "|hidden state| a layer outputs. abs SDPA out / after gate: mean |attention output| per element before the "
-        "gate and as o_proj receives it. Gate scores: every score of every held-out token. +params: gate parameters.",
-        "## Stability (table 2): both learning rates",
+        "F-Attn: attention on the first token (BOS), mean over heads, layers and query positions 1..S-1; also over "
+        "the queries that are not triggers (where a copying head has nothing to do) and those that are. M-Act: "
+        "largest |hidden state| a layer outputs. abs SDPA out / after gate: mean |attention output| per element "
+        "before the gate and as o_proj receives it. Gate scores: every score of every held-out token. +params: gate "
+        "parameters.",
+        f"## Stability (table 2): both learning rates; each cell: seed {seed_text}",
         table2,
         f"loss spike: the largest rise of the {SPIKE_WINDOW}-step moving average of the training loss above its "
         "lowest earlier value (nats; 0 for a curve that never goes back up).",
-        f"## Beyond the training length ({seq_len} tokens), learning rate {standard:g}",
+        f"## Beyond the training length ({seq_len} tokens), learning rate {standard:g}, seed {seed}",
         table5,
-        "## The paper's directions, checked on these numbers",
-        verdicts,
-        "## Plots",
+        "## The paper's directions, checked on these numbers (every seed)",
+        "\n".join(_verdict_line(c) for c in checks),
+        f"Lowest quarter: the lowest F-Attn over {SEQUENCE_PARTS} consecutive parts of the query positions. Heads "
+        "are matched by layer and index (the baseline's sink heads, G1's gate scores in the same places).",
+        f"## Plots (seed {seed})",
         "\n\n".join(f"![{name}]({name}.png)" for name in (
             "overview", "loss_curves", "first_token_attention", "first_token_attention_high_lr",
             "first_token_attention_by_position", "max_activation",
             "max_activation_high_lr", *(("gate_mean", "gate_histograms") if gated else ()), "attention_maps",
             "extrapolation")),
-        "Models: `models/<variant>-lr<learning rate>/` (load with `AutoModelForCausalLM.from_pretrained`); held-out "
-        "documents: `heldout.safetensors` (`input_ids`).",
+        "Models: `models/<variant>-lr<learning rate>-seed<seed>/` (load with `AutoModelForCausalLM.from_pretrained`); "
+        "held-out documents: `heldout.safetensors` (`input_ids`).",
     ]) + "\n"
     (folder / "report.md").write_text(text)
     write_json(folder / "report.json", {
         "meta": meta, "preset": preset_info, "variants": variants, "learning_rates": list(learning_rates),
-        "directions": checks,
-        "runs": {run_name(r["variant"], r["learning_rate"]): {k: v for k, v in r.items() if k != "tensors"}
+        "seeds": seeds, "directions": checks,
+        "runs": {run_name(r["variant"], r["learning_rate"], r["seed"]): {k: v for k, v in r.items() if k != "tensors"}
                  for r in runs},
     })
     return text

@@ -1,11 +1,12 @@
 """`gated-qwen reproduce`: the paper's tables 2 and 4 in miniature, on a laptop.
 
-Trains tiny GatedQwen models on the built-in synthetic corpus (`data.SyntheticLanguage`) with the Transformers
-`Trainer`, one per variant and learning rate: the baseline (no gate), G1 elementwise, G1 headwise, and the two
+Trains tiny GatedQwen models on a built-in synthetic corpus (default `data.BigramBackcopy`) with the Transformers
+`Trainer`, one per variant, learning rate and seed: the baseline (no gate), G1 elementwise, G1 headwise, and the two
 controls the paper uses to show that sparsity matters (NS-sigmoid, whose scores stay in [0.5, 1], and the
 input-independent gate). Then it measures each model on held-out documents (`measure.analyze`: F-Attn, M-Act,
-|SDPA output| before and after the gate, gate scores), its perplexity beyond the training length with and without
-YaRN, and the stability of its training loss, and writes `report.md`, `report.json`, PNG plots and the models.
+|SDPA output| before and after the gate, gate scores; F-Attn split by query token and position), its perplexity
+beyond the training length with and without YaRN, and the stability of its training loss, and writes `report.md`,
+`report.json`, PNG plots and the models.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from .data import HELDOUT_SEED, SyntheticLanguage
-from .measure import analyze, mean_nll, perplexity_by_length
+from .data import CORPORA, HELDOUT_SEED, BigramBackcopy, SyntheticLanguage
+from .measure import analyze, first_token_attention_per_query, mean_nll, perplexity_by_length
 from .plots import moving_average
 
 VARIANTS: dict[str, dict] = {
@@ -37,39 +38,50 @@ VARIANTS: dict[str, dict] = {
 SPIKE_WINDOW = 10  # training losses are averaged over this many steps before looking for spikes
 
 
+SEQUENCE_PARTS = 4  # F-Attn is also reported per quarter of the query positions ("throughout the sequence")
+
+
 @dataclass(frozen=True)
 class Preset:
-    """Model size, training and evaluation of one `reproduce` run. `learning_rates` are (standard, high)."""
+    """Model size, training and evaluation of one `reproduce` run. `learning_rates` are (standard, high); every
+    variant trains at the standard one, `high_lr_variants` (None: all) also at the high one; each of `seeds`."""
 
     hidden_size: int = 64
-    num_hidden_layers: int = 4
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
-    head_dim: int = 16
+    num_hidden_layers: int = 1
+    num_attention_heads: int = 1
+    num_key_value_heads: int = 1
+    head_dim: int = 64
     intermediate_size: int = 192
-    seq_len: int = 128
+    use_qk_norm: bool = False
+    seq_len: int = 32
     batch_size: int = 16
-    steps: int = 800
+    steps: int = 1500
     learning_rates: tuple[float, float] = (1e-2, 4e-2)
+    seeds: tuple[int, ...] = (0, 1)
+    high_lr_variants: tuple[str, ...] | None = None
     warmup_fraction: float = 0.1
     weight_decay: float = 0.1
+    max_grad_norm: float | None = 1.0  # None: no gradient clipping
+    bf16: bool = False  # bf16 autocast (CPU or GPU)
     eval_documents: int = 64  # held-out documents for the loss
     analysis_documents: int = 16  # of those, analysed (F-Attn, M-Act, gates)
     extrapolation: tuple[int, ...] = (1, 2, 4, 8)  # context lengths, in multiples of seq_len
     extrapolation_documents: int = 8
-    language: SyntheticLanguage = field(default_factory=SyntheticLanguage)
+    language: BigramBackcopy | SyntheticLanguage = field(default_factory=BigramBackcopy)
 
 
 PRESETS: dict[str, Preset] = {
     # Seconds: what the end-to-end test runs.
-    "smoke": Preset(hidden_size=32, num_hidden_layers=2, head_dim=8, intermediate_size=64, seq_len=48, batch_size=4,
-                    steps=6, eval_documents=4, analysis_documents=2, extrapolation=(1, 2), extrapolation_documents=2),
-    # `make demo`: about five minutes on two idle CPU cores.
+    "smoke": Preset(hidden_size=32, head_dim=32, intermediate_size=64, seq_len=24, batch_size=4, steps=6,
+                    seeds=(0,), eval_documents=4, analysis_documents=2, extrapolation=(1, 2), extrapolation_documents=2),
+    # `make demo`: 20 models (5 variants x 2 learning rates x 2 seeds) in about 3 minutes on two idle CPU cores.
     "default": Preset(),
-    # For a GPU or an afternoon: wider, deeper, longer.
+    # For a GPU: the paper's architecture (QK-norm, grouped-query attention) wider and deeper, on the same corpus,
+    # to see whether the miniature's directions hold at that shape (not run yet; time estimate in the README).
     "large": Preset(hidden_size=256, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4, head_dim=32,
-                    intermediate_size=768, seq_len=512, batch_size=32, steps=4000, learning_rates=(2e-3, 1e-2),
-                    eval_documents=128, analysis_documents=32, extrapolation_documents=16),
+                    intermediate_size=768, use_qk_norm=True, seq_len=256, batch_size=32, steps=4000,
+                    learning_rates=(2e-3, 1e-2), eval_documents=128, analysis_documents=32,
+                    extrapolation_documents=16),
 }
 
 
@@ -81,7 +93,7 @@ def model_config(preset: Preset, variant: str):
         vocab_size=preset.language.vocab_size, hidden_size=preset.hidden_size,
         intermediate_size=preset.intermediate_size, num_hidden_layers=preset.num_hidden_layers,
         num_attention_heads=preset.num_attention_heads, num_key_value_heads=preset.num_key_value_heads,
-        head_dim=preset.head_dim, max_position_embeddings=preset.seq_len,
+        head_dim=preset.head_dim, use_qk_norm=preset.use_qk_norm, max_position_embeddings=preset.seq_len,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, bos_token_id=0, **VARIANTS[variant],
     )
 
@@ -97,6 +109,27 @@ def loss_spikes(losses: list[float], window: int = SPIKE_WINDOW) -> dict:
         rise = max(rise, value - best)
         best = min(best, value)
     return {"max_rise": rise, "diverged": False}
+
+
+def sink_profile(per_query: torch.Tensor, triggers: torch.Tensor | None) -> dict:
+    """Where the attention sink sits. `per_query: [N, layers, heads, S]`, the attention on the first token of every
+    query (`measure.first_token_attention_per_query`); `triggers: [N, S]` bool, the query tokens that are triggers
+    (None for a corpus without them). Query 0 (which sees only itself) is left out everywhere. Returns
+    `by_part`: F-Attn (mean over layers and heads) over each of `SEQUENCE_PARTS` consecutive, nearly equal parts of
+    the query positions 1..S-1; and with `triggers`: `trigger` / `other`, F-Attn over the trigger queries / all the
+    other queries, `other_per_layer_head` (`[layers][heads]`) and `trigger_share`."""
+    p0 = per_query[..., 1:].double()
+    mean = p0.mean(dim=(1, 2))  # [N, S-1]
+    profile = {"by_part": [part.mean().item() for part in mean.tensor_split(SEQUENCE_PARTS, dim=1)]}
+    if triggers is not None:
+        is_trigger = triggers[:, 1:]
+        profile.update(
+            trigger=mean[is_trigger].mean().item() if is_trigger.any() else None,
+            other=mean[~is_trigger].mean().item() if (~is_trigger).any() else None,
+            other_per_layer_head=p0.movedim(0, 2)[..., ~is_trigger].mean(-1).tolist(),
+            trigger_share=is_trigger.double().mean().item(),
+        )
+    return profile
 
 
 class _Documents(torch.utils.data.Dataset):
@@ -156,7 +189,8 @@ def _train_and_measure_quietly(preset: Preset, variant: str, learning_rate: floa
             output_dir=scratch, max_steps=preset.steps, per_device_train_batch_size=preset.batch_size,
             learning_rate=learning_rate, lr_scheduler_type="cosine",
             warmup_steps=round(preset.warmup_fraction * preset.steps), weight_decay=preset.weight_decay,
-            adam_beta2=0.95, max_grad_norm=1.0, logging_steps=1, save_strategy="no", report_to="none",
+            adam_beta2=0.95, max_grad_norm=preset.max_grad_norm or 0.0, bf16=preset.bf16, logging_steps=1,
+            save_strategy="no", report_to="none",
             disable_tqdm=True, use_cpu=not torch.cuda.is_available(), seed=seed, dataloader_num_workers=0,
         )
         trainer = Trainer(model=model, args=args, train_dataset=_Documents(train))
@@ -171,6 +205,7 @@ def _train_and_measure_quietly(preset: Preset, variant: str, learning_rate: floa
     result = {
         "variant": variant,
         "learning_rate": learning_rate,
+        "seed": seed,
         "parameters": sum(p.numel() for p in model.parameters()),
         "gate_parameters": model.config.gate_parameters_per_layer() * len(model.config.gated_layers),
         "train_loss": losses,
@@ -180,10 +215,13 @@ def _train_and_measure_quietly(preset: Preset, variant: str, learning_rate: floa
         **{f"loss_{k}": v for k, v in loss_spikes(losses).items()},
     }
     result["heldout_ppl"] = math.exp(result["heldout_loss"]) if math.isfinite(result["heldout_loss"]) else math.inf
-    analysis = analyze(model, heldout[: preset.analysis_documents, : preset.seq_len],
-                       batch_size=preset.analysis_documents)
+    analysed = heldout[: preset.analysis_documents, : preset.seq_len]
+    analysis = analyze(model, analysed, batch_size=preset.analysis_documents)
     result["analysis"] = {"summary": analysis["summary"], "layers": analysis["layers"],
                           "gate_histogram_edges": analysis["gate_histogram_edges"]}
+    is_trigger = getattr(preset.language, "is_trigger", None)
+    result["sink"] = sink_profile(first_token_attention_per_query(model, analysed, batch_size=preset.analysis_documents),
+                                  is_trigger(analysed) if is_trigger else None)
     long_docs = heldout[: preset.extrapolation_documents]
     factor = max(preset.extrapolation)
     result["extrapolation"] = perplexity_by_length(
@@ -201,23 +239,30 @@ def _train_and_measure(kwargs: dict) -> dict:  # picklable entry point for worke
     return train_and_measure(**kwargs)
 
 
-def run_all(preset: Preset, variants: list[str], seed: int, models_dir: Path | None, jobs: int,
+def planned_runs(preset: Preset, variants: list[str]) -> list[tuple[str, float, int]]:
+    """`(variant, learning rate, seed)` of every model a `reproduce` run trains, in order: seeds, then learning
+    rates, then variants; at the high learning rate only `preset.high_lr_variants` (None: all) of `variants`."""
+    standard, high = preset.learning_rates
+    at_high = [v for v in variants if preset.high_lr_variants is None or v in preset.high_lr_variants]
+    return [(variant, learning_rate, seed) for seed in preset.seeds
+            for learning_rate, chosen in ((standard, variants), (high, at_high)) for variant in chosen]
+
+
+def run_all(preset: Preset, variants: list[str], models_dir: Path | None, jobs: int,
             progress: bool = True) -> list[dict]:
-    """Every (variant, learning rate) of `preset`, in the order learning rates x variants; with `jobs` > 1 that many
-    at a time in spawned processes (CPU threads shared out among them), which needs the calling script's code under
-    `if __name__ == "__main__":` as usual for multiprocessing."""
+    """Every run of `planned_runs`; with `jobs` > 1 that many at a time in spawned processes (CPU threads shared
+    out among them), which needs the calling script's code under `if __name__ == "__main__":` as usual for
+    multiprocessing."""
     from tqdm.auto import tqdm
 
-    runs = []
-    for learning_rate in preset.learning_rates:
-        for variant in variants:
-            save_to = str(models_dir / run_name(variant, learning_rate)) if models_dir else None
-            runs.append(dict(preset=preset, variant=variant, learning_rate=learning_rate, seed=seed, save_to=save_to))
+    runs = [dict(preset=preset, variant=variant, learning_rate=learning_rate, seed=seed,
+                 save_to=str(models_dir / run_name(variant, learning_rate, seed)) if models_dir else None)
+            for variant, learning_rate, seed in planned_runs(preset, variants)]
     bar = tqdm(total=len(runs), desc="reproduce", unit="run", disable=not progress)
     results: list[dict | None] = [None] * len(runs)
     if jobs <= 1:
         for i, run in enumerate(runs):
-            bar.set_postfix_str(run_name(run["variant"], run["learning_rate"]))
+            bar.set_postfix_str(run_name(run["variant"], run["learning_rate"], run["seed"]))
             results[i] = train_and_measure(**run)
             bar.update(1)
     else:
@@ -232,8 +277,8 @@ def run_all(preset: Preset, variants: list[str], seed: int, models_dir: Path | N
     return results
 
 
-def run_name(variant: str, learning_rate: float) -> str:
-    return f"{variant}-lr{learning_rate:g}"
+def run_name(variant: str, learning_rate: float, seed: int) -> str:
+    return f"{variant}-lr{learning_rate:g}-seed{seed}"
 
 
 def cpu_name() -> str:
@@ -258,8 +303,12 @@ def environment() -> dict:
     }
 
 
+def corpus_name(preset: Preset) -> str:
+    return next(name for name, corpus in CORPORA.items() if isinstance(preset.language, corpus))
+
+
 def preset_dict(preset: Preset) -> dict:
-    return json.loads(json.dumps(asdict(preset)))
+    return {**json.loads(json.dumps(asdict(preset))), "corpus": corpus_name(preset)}
 
 
 def customised(preset: Preset, **overrides) -> Preset:
