@@ -6,6 +6,8 @@ independent reference: the release folder's logits from the official computation
 convert` writes for the same folder, tensor for tensor."""
 
 import json
+import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,7 +30,7 @@ from transformers import (
 )
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, GatedQwenModel, GatedQwenMoeForCausalLM
-from gated_qwen.checkpoint_formats import CheckpointFormatError
+from gated_qwen.checkpoint_formats import CheckpointFormatError, release_pages
 from gated_qwen.conversion import convert
 
 IDS = torch.randint(0, TINY["vocab_size"], (2, 11), generator=torch.Generator().manual_seed(3))
@@ -305,3 +307,27 @@ def test_analyze_reads_a_release_folder_directly(tmp_path):
                     "--sequences", "2", "--out", str(tmp_path / f"report-{name}")]) == 0
         reports[name] = json.loads((tmp_path / f"report-{name}" / "report.json").read_text())["summary"]
     assert reports["release"] == reports["converted"] and reports["release"]["gate_mean"] is not None
+
+
+def _resident_mb(kind: str) -> float:
+    return int(re.search(rf"{kind}:\s+(\d+) kB", Path("/proc/self/status").read_text()).group(1)) / 1024
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_PAGEOUT and /proc are Linux's")
+def test_release_pages_drops_a_split_tensors_mapped_pages_and_keeps_every_value(tmp_path):
+    """The loader hands the packed q_proj over memory-mapped from the checkpoint; once split, its pages are given
+    back (issue 11's peak-memory goal) without changing what the tensor reads, file-backed or anonymous."""
+    reference = torch.randn(4096, 2048)  # 32 MB
+    reference.numpy().tofile(tmp_path / "q_proj.bin")
+    mapped = torch.from_file(str(tmp_path / "q_proj.bin"), shared=False, size=reference.numel()).view(4096, 2048)
+    before = _resident_mb("RssFile")
+    assert torch.equal(mapped, reference)  # reading maps the pages in
+    read = _resident_mb("RssFile")
+    assert read - before > 28
+    release_pages(mapped)
+    assert read - _resident_mb("RssFile") > 28
+    assert torch.equal(mapped, reference)  # pages come back from the file
+    anonymous = reference.clone()
+    release_pages(anonymous)
+    release_pages(reference[:, ::2])  # a strided view: left alone
+    assert torch.equal(anonymous, reference)

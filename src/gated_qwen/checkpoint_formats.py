@@ -20,7 +20,12 @@ only.
 """
 
 import contextvars
+import ctypes
+import ctypes.util
+import functools
 import json
+import mmap
+import sys
 
 import torch
 from transformers.core_model_loading import ConversionOps, WeightConverter
@@ -447,6 +452,32 @@ def _only(input_dict: dict) -> torch.Tensor:
     return value[0] if isinstance(value, list) else value
 
 
+MADV_PAGEOUT = 21  # linux/mman.h (Linux 5.4+)
+
+
+def release_pages(tensor: torch.Tensor) -> None:
+    """Ask the kernel to reclaim the memory pages of a tensor that has just been copied out (the packed `q_proj` of a
+    release or Qwen3.5 folder, split into two new tensors). Memory-mapped from the checkpoint, its pages would stay
+    resident beside the copies for as long as the file stays mapped, which is as long as the model lives (its other
+    weights are views of the same mapping). MADV_PAGEOUT keeps the contents (a later read brings the pages back from
+    the file, or from swap for anonymous memory), so this is safe for any tensor; elsewhere than on Linux, or on an
+    older kernel, it does nothing."""
+    if tensor.device.type != "cpu" or not tensor.is_contiguous() or not sys.platform.startswith("linux"):
+        return
+    start = tensor.data_ptr()
+    end = start + tensor.numel() * tensor.element_size()
+    first, last = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, end // mmap.PAGESIZE * mmap.PAGESIZE  # whole pages
+    if last > first:
+        _libc().madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), MADV_PAGEOUT)
+
+
+@functools.cache
+def _libc():
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    return libc
+
+
 def _layer(name: str) -> int | None:
     parts = name.split(".")
     return int(parts[parts.index("layers") + 1]) if "layers" in parts else None
@@ -503,16 +534,20 @@ class ReadCheckpointFormat(ConversionOps):
         if fmt == "qwen3_5":
             if tensor.shape[0] != 2 * local:
                 _fail(qwen3_5_q_rows_error(name, round(tensor.shape[0] / share), heads, dim))
-            return {target: split_heads(tensor, round(heads * share), part).contiguous()
-                    for part, target in enumerate(targets[:2])}
+            split = {target: split_heads(tensor, round(heads * share), part).contiguous()
+                     for part, target in enumerate(targets[:2])}
+            release_pages(tensor)
+            return split
         variant = "baseline" if config.gate_position is None else config.gate_granularity
         expected = release_q_rows(heads, dim, variant)
         if tensor.shape[0] != expected * share:
             _fail(release_q_rows_error(name, round(tensor.shape[0] / share), heads, dim, variant))
         if variant == "baseline":
             return {targets[0]: tensor}
-        return {target: split_release_q_proj(tensor, round(kv * share), heads // kv * dim, part).contiguous()
-                for part, target in enumerate(targets[:2])}
+        split = {target: split_release_q_proj(tensor, round(kv * share), heads // kv * dim, part).contiguous()
+                 for part, target in enumerate(targets[:2])}
+        release_pages(tensor)
+        return split
 
     @staticmethod
     def _add_gate(config, source: str, targets: list[str], tensor: torch.Tensor, local_shape) -> dict:
