@@ -6,6 +6,7 @@ their `@triton.jit` functions at module level, are simply not imported (see `tri
 Relative imports only: the kernel files are copied to the Hugging Face Hub beside the modeling file.
 """
 
+import inspect
 import os
 
 import torch
@@ -23,6 +24,9 @@ except ImportError as _err:  # the package must import on machines without Trito
 # Read once at import: `@triton.jit` captures the interpreter switch when the kernels are defined.
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 LOG2E = 1.4426950408889634
+# `tl.math.fdiv(..., approx=True)` (div.approx.f32) exists from Triton 3.9; Triton 3.7 (torch 2.13's CUDA pin) has no
+# `approx`, and its plain `fdiv` lowers to div.full.f32 (also within 2 ulp, no slow-path subroutine).
+HAS_APPROX_FDIV = triton is not None and "approx" in inspect.signature(tl.math.fdiv).parameters
 # CUDA grid limits: axis 0 up to 2**31 - 1 programs, axes 1 and 2 up to 65535. Every launch puts
 # (blocks per sequence × sequences) on axis 0 and heads on axis 1.
 MAX_GRID_X = 2**31 - 1
