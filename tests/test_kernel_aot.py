@@ -71,3 +71,18 @@ def test_representative_grid_compiles_for_sm80_and_sm90_in_every_tuner_config(tm
     assert_every_tuner_config_compiled(rows, "D=64 fp16 full headwise varlen", [80], 64)
     assert_every_tuner_config_compiled(rows, "D=256 bf16 causal no gate dense", [90], 256)
     assert_every_tuner_config_compiled(rows, "D=128 bf16 causal elementwise dense", [80], 128, kernels=("dkdv", "dq"))
+
+
+def test_triton_before_3_9_tries_the_replacement_entries(monkeypatch):
+    """Triton 3.7.1 (torch 2.13's CUDA pin) spills in entries that 3.9 compiles cleanly: below 3.9 the tuner tries
+    `TUNING_SPACE_BEFORE_TRITON_3_9` for those (kernel, family, head dims), the main space everywhere else."""
+    from gated_qwen import gated_attention_common as common
+
+    for (kernel, family, head_dims), entries in common.TUNING_SPACE_BEFORE_TRITON_3_9.items():
+        capability = {"sm90": (9, 0), "sm80": (8, 0), "small": (8, 6)}[family]
+        main = common.TUNING_SPACE[kernel][family][head_dims]
+        assert entries and entries != main
+        monkeypatch.setattr(common, "TRITON_VERSION", (3, 7))
+        assert common.allowed_entries(kernel, capability, head_dims) == entries
+        monkeypatch.setattr(common, "TRITON_VERSION", (3, 9))
+        assert common.allowed_entries(kernel, capability, head_dims) == main

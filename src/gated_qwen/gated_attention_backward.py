@@ -16,6 +16,7 @@ import torch
 
 from .gated_attention_common import (
     LOG2E,
+    TRITON_VERSION,
     autotune_configs,
     flag_heuristics,
     grid_2d,
@@ -39,8 +40,11 @@ from .gated_attention_prologue import (
 AUTOTUNE_KEY = ["HEAD_DIM", "CAUSAL", "IS_VARLEN", "SEQ_BUCKET_Q", "SEQ_BUCKET_K"]
 # Head dims above this get dK and dV in two passes of the dK/dV kernel (PART 1 and 2).
 MAX_FUSED_DKDV_BLOCK_D = 128
-# Rows per preprocess program: three fp32 [rows, BLOCK_D] tiles stay within the registers of four warps.
+# Rows per preprocess program: three fp32 [rows, BLOCK_D] tiles stay within the registers of four warps. Below
+# Triton 3.9 (3.7.1: torch 2.13's CUDA pin) ptxas spills 8-16 B there at head dim 64 with an elementwise gate on
+# sm_90; eight warps do not spill.
 PREPROCESS_ELEMENTS = 4096
+PREPROCESS_WARPS = 4 if TRITON_VERSION >= (3, 9) else 8
 
 
 @triton.heuristics(flag_heuristics(upcast_from=None)
@@ -274,7 +278,7 @@ def backward(dy, q, k, v, gate, out, lse, causal, scale, cu_seqlens_q, cu_seqlen
         Out=out, DY=dy, G=gate, DA=da, Delta=delta, DG=dgate, cu_seqlens_q=cu_seqlens_q,
         out_strides=strides4(out, packed), dy_strides=strides4(dy, packed), g_strides=strides4(gate, packed),
         da_strides=strides4(da, packed), dg_strides=strides4(dgate, packed), lse_strides=lse_layout,
-        n_batch=n_batch, seqlen_q=seqlen_q, HEAD_DIM=head_dim, num_warps=4,
+        n_batch=n_batch, seqlen_q=seqlen_q, HEAD_DIM=head_dim, num_warps=PREPROCESS_WARPS,
     )
     shared = dict(
         Q=q, K=k, V=v, DA=da, Lse=lse, Delta=delta, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,

@@ -6,7 +6,9 @@ their `@triton.jit` functions at module level, are simply not imported (see `tri
 Relative imports only: the kernel files are copied to the Hugging Face Hub beside the modeling file.
 """
 
+import inspect
 import os
+import re
 
 import torch
 
@@ -23,6 +25,10 @@ except ImportError as _err:  # the package must import on machines without Trito
 # Read once at import: `@triton.jit` captures the interpreter switch when the kernels are defined.
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 LOG2E = 1.4426950408889634
+# `tl.math.fdiv(..., approx=True)` (div.approx.f32) exists from Triton 3.9; Triton 3.7 (torch 2.13's CUDA pin) has no
+# `approx`, and its plain `fdiv` lowers to div.full.f32 (also within 2 ulp, no slow-path subroutine).
+HAS_APPROX_FDIV = triton is not None and "approx" in inspect.signature(tl.math.fdiv).parameters
+TRITON_VERSION = tuple(int(p) for p in re.findall(r"\d+", triton.__version__)[:2]) if triton is not None else (0, 0)
 # CUDA grid limits: axis 0 up to 2**31 - 1 programs, axes 1 and 2 up to 65535. Every launch puts
 # (blocks per sequence × sequences) on axis 0 and heads on axis 1.
 MAX_GRID_X = 2**31 - 1
@@ -104,6 +110,14 @@ TUNING_SPACE: dict[str, dict[str, dict[int, list[tuple[int, int, int, int]]]]] =
         },
     },
 }
+# Triton before 3.9 (3.7.1 is what torch 2.13's CUDA wheels pin, requirements/cuda.lock) allocates registers
+# differently: these lists replace the ones above there, (kernel, family, head-dim class) -> entries. Each leaves out
+# what spills in the full grid compiled under that Triton (benchmarks/kernel_aot.py, benchmarks/RESULTS.md).
+TUNING_SPACE_BEFORE_TRITON_3_9: dict[tuple[str, str, int], list[tuple[int, int, int, int]]] = {
+    # 128x64 w8 s2 spills 260-300 B under a causal mask, 64x64 w8 s2 56 B with an elementwise gate and a full one;
+    # 128x32 w8 s2 takes the 128-row place (at most 209 registers over the 24 head-dim-128 variants).
+    ("forward", "sm80", 128): [(128, 32, 8, 2), (64, 128, 8, 2), (64, 32, 4, 2)],
+}
 # The one configuration every kernel uses under the interpreter (more than one fails there).
 INTERPRET_CONFIG = (64, 64, 4, 1)
 
@@ -137,8 +151,9 @@ def autotune_configs(kernel: str) -> list:
     if INTERPRET:
         return [_config(INTERPRET_CONFIG)]
     entries = []
-    for by_class in TUNING_SPACE[kernel].values():
-        for class_entries in by_class.values():
+    for family, by_class in TUNING_SPACE[kernel].items():
+        for head_dims in by_class:
+            class_entries = space_entries(kernel, family, head_dims)
             entries += [e for e in class_entries if e not in entries]
     return [_config(e) for e in entries]
 
@@ -163,7 +178,14 @@ def prune_configs(kernel: str):
 
 
 def allowed_entries(kernel: str, capability: tuple[int, int], block_d: int) -> list[tuple[int, int, int, int]]:
-    return TUNING_SPACE[kernel][arch_family(capability)][head_dim_class(block_d)]
+    return space_entries(kernel, arch_family(capability), head_dim_class(block_d))
+
+
+def space_entries(kernel: str, family: str, head_dims: int) -> list[tuple[int, int, int, int]]:
+    """`TUNING_SPACE[kernel][family][head_dims]`, or its replacement for the installed Triton."""
+    if TRITON_VERSION < (3, 9) and (kernel, family, head_dims) in TUNING_SPACE_BEFORE_TRITON_3_9:
+        return TUNING_SPACE_BEFORE_TRITON_3_9[kernel, family, head_dims]
+    return TUNING_SPACE[kernel][family][head_dims]
 
 
 # --------------------------------------------------------------------------------------------------------------------

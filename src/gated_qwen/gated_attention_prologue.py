@@ -6,7 +6,9 @@ with more than 2**31 elements (B=8, S=32k, H=32, D=128 in a [B, H, S, D] layout,
 correctly; offsets inside a tile stay int32. Imported only where Triton is installed.
 """
 
-from .gated_attention_common import tl, triton
+from .gated_attention_common import HAS_APPROX_FDIV, tl, triton
+
+APPROX_FDIV = tl.constexpr(HAS_APPROX_FDIV)
 
 
 @triton.jit
@@ -68,9 +70,13 @@ def tile_mask(row_mask, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
 
 @triton.jit
 def reciprocal(x):
-    """1 / x in fp32 within 2 ulp (div.approx). IEEE division would add a slow-path subroutine whose call frame
-    ptxas reports as spilled registers."""
-    return tl.math.fdiv(1.0, x, approx=True)
+    """1 / x in fp32 within 2 ulp: div.approx on Triton >= 3.9, div.full on Triton 3.7 (no `approx` there). IEEE
+    division would add a slow-path subroutine whose call frame ptxas reports as spilled registers."""
+    if APPROX_FDIV:
+        r = tl.math.fdiv(1.0, x, approx=True)
+    else:
+        r = tl.math.fdiv(1.0, x)
+    return r
 
 
 @triton.jit
