@@ -213,13 +213,9 @@ def load_model_config(model_dir: str | os.PathLike) -> GatedQwenConfig:
         raise CardError(f"MODEL_DIR {str(model_dir)!r} has no config.json; give a folder written by save_pretrained.")
     from .checkpoint_formats import GATED_MODEL_TYPES
     from .configuration_gated import GatedQwenConfig
+    from .outputs import read_json_object
 
-    try:
-        config_dict = json.loads(config_file.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CardError(f"{str(config_file)!r} is not valid JSON ({error}).") from None
-    if not isinstance(config_dict, dict):
-        raise CardError(f"{str(config_file)!r} must hold a JSON object.")
+    config_dict = read_json_object(config_file, "MODEL_DIR's config.json", CardError)
     if config_dict.get("model_type") not in GATED_MODEL_TYPES:
         raise CardError(
             f"MODEL_DIR {str(model_dir)!r} holds model_type {config_dict.get('model_type')!r}, not "

@@ -261,6 +261,17 @@ def output_file(path: str | os.PathLike, *, inputs: Iterable = (), overwrite: bo
         yield staging / Path(path).resolve().name
 
 
+def read_json_object(path: Path, what: str, error: type[Exception] = ValueError) -> dict:
+    """The JSON object in `path`, or `error` saying in one line what is wrong with it (`what` names the file)."""
+    try:
+        data = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as problem:
+        raise error(f"{what} ({path}) is not valid JSON ({' '.join(str(problem).split())}).") from None
+    if not isinstance(data, dict):
+        raise error(f"{what} ({path}) must hold a JSON object, not a {type(data).__name__}.")
+    return data
+
+
 def write_json(path: str | os.PathLike, data) -> None:
     """`data` as indented JSON (NaN and infinities written as JavaScript does, as Python's json reads them back)."""
     Path(path).write_text(json.dumps(data, indent=2, allow_nan=True) + "\n")

@@ -12,7 +12,6 @@ is a `ConversionError` that names the file.
 from __future__ import annotations
 
 import ctypes
-import json
 import math
 import os
 import re
@@ -28,7 +27,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
-from ..outputs import write_json
+from ..outputs import read_json_object, write_json
 from .errors import ConversionError
 
 SAFETENSORS_DTYPES = {
@@ -77,7 +76,7 @@ class Checkpoint:
         config_path = self.folder / "config.json"
         if not config_path.is_file():
             raise ConversionError(f"SRC {str(self.folder)!r} has no config.json; a model folder needs one.")
-        self.config: dict = read_json_object(config_path, "SRC's config.json")
+        self.config: dict = read_json_object(config_path, "SRC's config.json", ConversionError)
         self.pickled = False
         self._cached: tuple[str, dict] | None = None  # the last legacy (non-zip) pickle read whole
         files, weight_map = self._weight_files(allow_pickle)
@@ -260,20 +259,9 @@ def _one_line(error: BaseException) -> str:
     return " ".join(str(error).split())
 
 
-def read_json_object(path: Path, what: str) -> dict:
-    """The JSON object in `path`, or a ConversionError saying what is wrong with it."""
-    try:
-        data = json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ConversionError(f"{what} ({path}) is not valid JSON ({_one_line(error)}).") from None
-    if not isinstance(data, dict):
-        raise ConversionError(f"{what} ({path}) must hold a JSON object, not a {type(data).__name__}.")
-    return data
-
-
 def _weight_map(index_path: Path) -> dict[str, str]:
     """An index's tensor name -> weight file, each file a plain name inside the checkpoint folder."""
-    weight_map = read_json_object(index_path, index_path.name).get("weight_map")
+    weight_map = read_json_object(index_path, index_path.name, ConversionError).get("weight_map")
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise ConversionError(f"{index_path.name} in SRC has no `weight_map` object of tensor name -> file name.")
     outside = sorted({f for f in weight_map.values() if Path(f).is_absolute() or ".." in Path(f).parts
