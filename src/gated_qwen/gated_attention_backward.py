@@ -68,7 +68,7 @@ def preprocess_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     row_mask = m0 + offs_m < q_len
-    mask = row_mask[:, None] & (offs_d < HEAD_DIM)[None, :]
+    mask = tile_mask(row_mask, offs_d, HEAD_DIM, BLOCK_D)
     o = tl.load(Out + row_offset(out_strides, b, first_row, h) + offs_m[:, None] * out_strides[1]
                 + offs_d[None, :] * out_strides[3], mask=mask, other=0.0).to(tl.float32)
     dy = tl.load(DY + row_offset(dy_strides, b, first_row, h) + offs_m[:, None] * dy_strides[1]
