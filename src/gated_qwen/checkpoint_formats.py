@@ -534,19 +534,17 @@ class ReadCheckpointFormat(ConversionOps):
         if fmt == "qwen3_5":
             if tensor.shape[0] != 2 * local:
                 _fail(qwen3_5_q_rows_error(name, round(tensor.shape[0] / share), heads, dim))
-            split = {target: split_heads(tensor, round(heads * share), part).contiguous()
-                     for part, target in enumerate(targets[:2])}
-            release_pages(tensor)
-            return split
-        variant = "baseline" if config.gate_position is None else config.gate_granularity
-        expected = release_q_rows(heads, dim, variant)
-        if tensor.shape[0] != expected * share:
-            _fail(release_q_rows_error(name, round(tensor.shape[0] / share), heads, dim, variant))
-        if variant == "baseline":
-            return {targets[0]: tensor}
-        split = {target: split_release_q_proj(tensor, round(kv * share), heads // kv * dim, part).contiguous()
-                 for part, target in enumerate(targets[:2])}
-        release_pages(tensor)
+            part_of = functools.partial(split_heads, tensor, round(heads * share))
+        else:
+            variant = "baseline" if config.gate_position is None else config.gate_granularity
+            expected = release_q_rows(heads, dim, variant)
+            if tensor.shape[0] != expected * share:
+                _fail(release_q_rows_error(name, round(tensor.shape[0] / share), heads, dim, variant))
+            if variant == "baseline":
+                return {targets[0]: tensor}
+            part_of = functools.partial(split_release_q_proj, tensor, round(kv * share), heads // kv * dim)
+        split = {target: part_of(part).contiguous() for part, target in enumerate(targets[:2])}
+        release_pages(tensor)  # copied: the packed rows' mapped pages are no longer needed
         return split
 
     @staticmethod
