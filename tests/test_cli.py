@@ -64,6 +64,7 @@ def test_bad_flags_get_the_same_one_line_format(capsys, args, message):
     (["analyze", "missing", "--out", "out"], "MODEL 'missing' is not a model folder"),
     (["eval-ppl", "missing", "--lengths", "8"], "MODEL 'missing' is not a model folder"),
     (["reproduce", "--preset", "huge"], "--preset 'huge' is not a preset; choose one of"),
+    (["reproduce", "--corpus", "wiki"], "--corpus 'wiki' is not a corpus; choose one of bigram-backcopy, repeats"),
 ])
 def test_every_subcommand_refuses_in_one_line_with_status_2(tmp_path, monkeypatch, capsys, args, message):
     monkeypatch.chdir(tmp_path)
