@@ -4,6 +4,7 @@ values recomputed by hand from the weights, perplexity against a hand-written cr
 built from a YaRN config; the built-in corpus against its own rules; `reproduce`, `analyze` and `eval-ppl`
 end to end through the CLI."""
 
+import dataclasses
 import json
 import math
 
@@ -362,6 +363,20 @@ def test_directions_verdicts_against_hand_computed_numbers():
     gate = checks["G1 elementwise's gate is sparse"]["per_seed"]
     assert gate[0]["numbers"]["mode bin"] == "[0.00, 0.05)" and gate[0]["numbers"]["in heads"] == "L0H0"
     assert gate[1]["numbers"]["mode bin"] == "[0.50, 1.00)"
+    # With an M-Act model, M-Act is compared on it first (2.5 and 2.0 times lower: both seeds), then on the main
+    # models as before; every other check is unchanged.
+    mact = {(r["variant"], 0.02, r["seed"]): r for r in (
+        _run("baseline", 0, 0.3, 500.0, lr=0.02), _run("g1-elementwise", 0, 0.3, 200.0, 0.5, closed, lr=0.02),
+        _run("baseline", 1, 0.3, 120.0, lr=0.02), _run("g1-elementwise", 1, 0.3, 60.0, 0.5, closed, lr=0.02))}
+    both = directions(results, (0.01, 0.04), [0, 1], (mact, 0.02))
+    claims = [c["claim"] for c in directions(results, (0.01, 0.04), [0, 1])]
+    assert [c["claim"] for c in both] == claims[:5] + [
+        "G1 elementwise lowers massive activations in the M-Act model: baseline M-Act >= 2 x G1's (lr 0.02)",
+        "... in the main models: baseline M-Act >= 2 x G1's (lr 0.01)"] + claims[6:]
+    assert [c["verdict"] for c in both[5:7]] == ["yes", "in 1 of 2 seeds"]
+    assert both[5]["per_seed"][1]["numbers"] == {"baseline": 120.0, "g1-elementwise": 60.0, "ratio": 2.0}
+    assert [c["per_seed"] for c in both[:5] + both[7:]] == [c["per_seed"] for c in checks.values()][:5] + [
+        c["per_seed"] for c in checks.values()][6:]
     del results[("ns-sigmoid", 0.01, 0)], results[("ns-sigmoid", 0.01, 1)]
     assert directions(results, (0.01, 0.04), [0, 1])[3]["verdict"] == "not run"
 
@@ -379,13 +394,21 @@ def test_sink_heads_and_gate_histogram_mode():
 
 
 def test_planned_runs_train_the_high_learning_rate_for_the_chosen_variants():
-    from gated_qwen.analysis.reproduce import PRESETS, customised
+    from gated_qwen.analysis.reproduce import PRESETS, customised, mact_preset, mact_runs
 
     preset = customised(PRESETS["smoke"], seeds=(4, 5), high_lr_variants=("baseline", "g1-elementwise"))
     assert planned_runs(preset, ["baseline", "ns-sigmoid", "g1-elementwise"]) == [
         (v, lr, seed) for seed in (4, 5) for v, lr in (("baseline", 1e-2), ("ns-sigmoid", 1e-2),
                                                       ("g1-elementwise", 1e-2), ("baseline", 4e-2),
                                                       ("g1-elementwise", 4e-2))]
+    # The M-Act model: baseline and G1 elementwise at its standard rate, with the main preset's seeds; only when
+    # both variants are chosen and the preset has one.
+    assert mact_runs(preset, ["ns-sigmoid", "g1-elementwise", "baseline"]) == [
+        (v, 1e-2, seed) for seed in (4, 5) for v in ("baseline", "g1-elementwise")]
+    assert mact_preset(preset).seeds == (4, 5) and mact_preset(preset).num_hidden_layers == 2
+    assert mact_runs(preset, ["baseline", "ns-sigmoid"]) == []
+    assert mact_runs(dataclasses.replace(preset, mact=None), ["baseline", "g1-elementwise"]) == []
+    assert PRESETS["default"].mact.num_hidden_layers > PRESETS["default"].num_hidden_layers
 
 
 def test_loss_spikes():
@@ -393,6 +416,18 @@ def test_loss_spikes():
     assert loss_spikes([5.0, 3.0, 4.5, 2.0], window=1)["max_rise"] == pytest.approx(1.5)
     assert loss_spikes([4.0, 2.0, 4.0, 2.0], window=2)["max_rise"] == pytest.approx(0.0)  # smoothed away
     assert loss_spikes([3.0, float("nan")], window=1)["diverged"] is True
+
+
+def _layer_outputs(model, ids: torch.Tensor) -> list[torch.Tensor]:
+    """What each decoder layer of `model` returns for `ids`, through forward hooks."""
+    outputs = []
+    hooks = [layer.register_forward_hook(lambda module, args, output: outputs.append(
+        output[0] if isinstance(output, tuple) else output)) for layer in model.model.layers]
+    with torch.no_grad():
+        model.eval()(ids)
+    for hook in hooks:
+        hook.remove()
+    return outputs
 
 
 def test_reproduce_smoke_preset_end_to_end(tmp_path, capsys):
@@ -426,6 +461,25 @@ def test_reproduce_smoke_preset_end_to_end(tmp_path, capsys):
     per_query = first_token_attention_per_query(model, docs)[..., 1:].double().mean(dim=(1, 2))  # [N, S-1]
     other = ~BigramBackcopy(**report["preset"]["language"]).is_trigger(docs)[:, 1:]
     assert run["sink"]["other"] == pytest.approx(per_query[other].mean().item(), rel=1e-5)
+    # The M-Act model (baseline and G1 elementwise, standard rate): its M-Act is the largest |output| of any decoder
+    # layer of the saved model on the saved held-out documents, by hand with forward hooks.
+    assert sorted(report["mact_runs"]) == ["baseline-lr0.01-seed3", "g1-elementwise-lr0.01-seed3"]
+    info = report["preset"]["mact"]
+    assert (info["num_hidden_layers"], info["corpus"], info["seeds"]) == (2, "repeats", [3])
+    mact_docs = load_file(out / "heldout_mact.safetensors")["input_ids"][: info["analysis_documents"], : info["seq_len"]]
+    for name, run in report["mact_runs"].items():
+        outputs = _layer_outputs(GatedQwenForCausalLM.from_pretrained(out / "models" / f"mact-{name}"), mact_docs)
+        assert len(outputs) == 2
+        assert run["analysis"]["summary"]["max_activation"] == pytest.approx(
+            max(o.abs().max().item() for o in outputs), rel=1e-5)
+    assert "## Massive activations in the M-Act model" in (out / "report.md").read_text()
+    assert (out / "max_activation_mact.png").stat().st_size > 0
+    assert main(["reproduce", "--preset", "smoke", "--out", str(tmp_path / "no-mact"), "--jobs", "1", "--variants",
+                 "baseline,g1-elementwise", "--seeds", "4", "--no-mact-model"]) == 0
+    report = json.loads((tmp_path / "no-mact" / "report.json").read_text())
+    assert report["mact_runs"] == {} and report["preset"]["mact"] is None and len(report["runs"]) == 4
+    assert not (tmp_path / "no-mact" / "heldout_mact.safetensors").exists()
+    assert not list((tmp_path / "no-mact" / "models").glob("mact-*"))
     # A non-empty folder is never overwritten silently; --overwrite replaces it whole.
     (out / "mine.txt").write_text("keep")
     assert main(["reproduce", "--preset", "smoke", "--out", str(out), "--jobs", "1"]) == 2
@@ -445,7 +499,7 @@ def test_reproduce_smoke_preset_end_to_end(tmp_path, capsys):
     config = json.loads((out / "models" / "baseline-lr0.002-seed6" / "config.json").read_text())
     assert (config["hidden_size"], config["num_hidden_layers"], config["max_position_embeddings"],
             config["vocab_size"], config["use_qk_norm"]) == (16, 1, 24, 128, True)
-    assert [p.name for p in tmp_path.iterdir()] == ["run"]  # no staging folder left behind
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["no-mact", "run"]  # no staging folder left behind
     assert main(["reproduce", "--preset", "smoke", "--out", str(tmp_path / "x"), "--variants", "g9"]) == 2
     assert "unknown ['g9']" in capsys.readouterr().err
     assert main(["reproduce", "--preset", "large", "--out", str(tmp_path / "x"), "--hidden-size", "30"]) == 2

@@ -175,6 +175,8 @@ def run_eval_ppl(args) -> int:
 
 # ------------------------------------------------------------------------------------------------- reproduce
 def run_reproduce(args) -> int:
+    import dataclasses
+
     import torch
 
     from . import reproduce
@@ -199,6 +201,8 @@ def run_reproduce(args) -> int:
         seeds=tuple(dict.fromkeys(args.seeds)) if args.seeds else None,
         language=reproduce.CORPORA[args.corpus]() if args.corpus else None, use_qk_norm=args.qk_norm,
         max_grad_norm=0.0 if args.no_clip else None, bf16=args.bf16 or None, **size)
+    if args.no_mact_model:
+        preset = dataclasses.replace(preset, mact=None)
     variants = args.variants.split(",") if args.variants else list(reproduce.VARIANTS)
     unknown = [v for v in variants if v not in reproduce.VARIANTS]
     if unknown:
@@ -209,7 +213,7 @@ def run_reproduce(args) -> int:
         reproduce.model_config(preset, variant)  # a size the model refuses fails now, not in a worker
     out = dict(overwrite=args.overwrite, create_parents=True)
     check_output(args.out, **out)
-    runs = len(reproduce.planned_runs(preset, variants))
+    runs = len(reproduce.planned_runs(preset, variants)) + len(reproduce.mact_runs(preset, variants))
     jobs = args.jobs or (1 if torch.cuda.is_available() else min(runs, os.cpu_count() or 1))
     device = (torch.cuda.get_device_name(0) if torch.cuda.is_available()
               else f"{os.cpu_count()} CPU cores ({reproduce.cpu_name()})")
@@ -219,6 +223,9 @@ def run_reproduce(args) -> int:
         started = time.perf_counter()
         results = reproduce.run_all(preset, variants, folder / "models", jobs)
         save_file({"input_ids": reproduce.held_out(preset).contiguous()}, str(folder / "heldout.safetensors"))
+        if any(r["part"] == "mact" for r in results):
+            save_file({"input_ids": reproduce.held_out(reproduce.mact_preset(preset)).contiguous()},
+                      str(folder / "heldout_mact.safetensors"))
         meta = {"seeds": list(preset.seeds), "preset": args.preset, "jobs": jobs, "device": device,
                 "seconds": time.perf_counter() - started, "environment": reproduce.environment()}
         text = write_reproduce(folder, reproduce.preset_dict(preset), variants, preset.learning_rates, results, meta)
@@ -286,7 +293,7 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "reproduce", help="train tiny baseline/gated models on built-in data, analyse them, write report.md (the demo)")
     parser.add_argument("--preset", default="default",
-                        help="smoke: seconds; default: ~3 min on 2 idle CPU cores; large: a GPU (README)")
+                        help="smoke: seconds; default: ~6 min on 2 idle CPU cores; large: a GPU (README)")
     parser.add_argument("--variants", help="comma-separated subset of the variants (default: all; the report lists "
                                            "them, e.g. baseline,g1-elementwise)")
     parser.add_argument("--steps", type=_positive_int, help="training steps per run")
@@ -304,6 +311,9 @@ def register(subparsers) -> None:
                         help="RMSNorm on queries and keys, as in Qwen3 and the paper (off in the demo: see README)")
     parser.add_argument("--no-clip", action="store_true", help="no gradient clipping (default: clip at norm 1)")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast")
+    parser.add_argument("--no-mact-model", action="store_true",
+                        help="skip the preset's deeper M-Act model (trained, as baseline and g1-elementwise, for the "
+                        "massive-activation check; the options above change only the main models)")
     parser.add_argument("--jobs", type=_positive_int, help="runs trained at once (default: one per CPU core on CPU)")
     parser.add_argument("--out", default="runs/reproduce", metavar="DIR", help="output folder (default runs/reproduce)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing non-empty --out")

@@ -117,10 +117,12 @@ def _verdict(per_seed: dict[int, dict]) -> str:
     return f"in {sum(held)} of {len(held)} seeds"
 
 
-def directions(results: Results, learning_rates: tuple[float, float], seeds: list[int]) -> list[dict]:
+def directions(results: Results, learning_rates: tuple[float, float], seeds: list[int],
+               mact: tuple[Results, float] | None = None) -> list[dict]:
     """The paper's directions, checked on the numbers of every seed: each `{"claim", "verdict" ("yes": every seed,
     "no": none, "in k of n seeds", "not run": a variant is missing), "per_seed": {seed: {"holds" (bool or None),
-    "numbers"}}}`."""
+    "numbers"}}}`. `mact`: the M-Act model's results and learning rate; M-Act is then compared on it first, and on
+    `results` (the main models) after."""
     standard, high = learning_rates
 
     def run(variant, lr, seed):
@@ -173,12 +175,12 @@ def directions(results: Results, learning_rates: tuple[float, float], seeds: lis
                 "baseline": b, control: c["first_token_attention"], "g1-elementwise": g1["first_token_attention"]}
         return evaluate
 
-    def massive(lr):
+    def massive(lr, source=results):
         def evaluate(seed):
-            base, g1 = summary("baseline", lr, seed), summary("g1-elementwise", lr, seed)
+            base, g1 = (source.get((v, lr, seed)) for v in ("baseline", "g1-elementwise"))
             if base is None or g1 is None:
                 return None, {}
-            b, g = base["max_activation"], g1["max_activation"]
+            b, g = base["analysis"]["summary"]["max_activation"], g1["analysis"]["summary"]["max_activation"]
             return b >= MASSIVE_ACTIVATION_RATIO * g, {"baseline": b, "g1-elementwise": g, "ratio": b / g}
         return evaluate
 
@@ -190,6 +192,16 @@ def directions(results: Results, learning_rates: tuple[float, float], seeds: lis
             return g1[key] < base[key], {"baseline": base[key], "g1-elementwise": g1[key]}
         return evaluate
 
+    lowers = f"baseline M-Act >= {MASSIVE_ACTIVATION_RATIO:g} x G1's"
+    if mact is None:
+        massive_checks = [check(f"G1 elementwise lowers massive activations: {lowers} (lr {standard:g})",
+                                massive(standard))]
+    else:
+        mact_results, mact_lr = mact
+        massive_checks = [
+            check(f"G1 elementwise lowers massive activations in the M-Act model: {lowers} (lr {mact_lr:g})",
+                  massive(mact_lr, mact_results)),
+            check(f"... in the main models: {lowers} (lr {standard:g})", massive(standard))]
     return [
         check(f"the baseline has a strong attention sink: F-Attn >= {SINK_LEVEL:g} over all query positions "
               f"(lr {standard:g})", strong_sink),
@@ -200,8 +212,7 @@ def directions(results: Results, learning_rates: tuple[float, float], seeds: lis
               closer("ns-sigmoid")),
         check(f"input-independent gate's F-Attn closer to the baseline's than G1 elementwise's (lr {standard:g})",
               closer("input-independent")),
-        check(f"G1 elementwise lowers massive activations: baseline M-Act >= {MASSIVE_ACTIVATION_RATIO:g} x G1's "
-              f"(lr {standard:g})", massive(standard)),
+        *massive_checks,
         check(f"... and at lr {high:g}", massive(high)),
         check(f"smaller loss spikes for G1 elementwise than for the baseline (lr {high:g})",
               lower("loss_max_rise", high)),
@@ -267,7 +278,8 @@ def write_reproduce(folder: Path, preset_info: dict, variants: list[str], learni
     returns the markdown."""
     from .reproduce import SEQUENCE_PARTS, SPIKE_WINDOW, run_name
 
-    results = {(r["variant"], r["learning_rate"], r["seed"]): r for r in runs}
+    results = {(r["variant"], r["learning_rate"], r["seed"]): r for r in runs if r["part"] == "main"}
+    mact_results = {(r["variant"], r["learning_rate"], r["seed"]): r for r in runs if r["part"] == "mact"}
     seeds = list(dict.fromkeys(r["seed"] for r in runs))
     seed = seeds[0]
     standard, high = learning_rates
@@ -309,7 +321,9 @@ def write_reproduce(folder: Path, preset_info: dict, variants: list[str], learni
                         folder / "extrapolation.png")
 
     table4, table2, table5 = reproduce_tables(results, variants, learning_rates, seeds)
-    checks = directions(results, learning_rates, seeds)
+    mact_lr = preset_info["mact"]["learning_rates"][0] if mact_results else None
+    checks = directions(results, learning_rates, seeds, (mact_results, mact_lr) if mact_results else None)
+    mact_section = _mact_section(mact_results, preset_info, seeds, folder) if mact_results else []
     seed_text = " / ".join(str(s) for s in seeds)
     corpus = preset_info.get("corpus", "")
     text = "\n\n".join([
@@ -321,7 +335,7 @@ def write_reproduce(folder: Path, preset_info: dict, variants: list[str], learni
         f"{preset_info['head_dim']}, QK-norm {'on' if preset_info['use_qk_norm'] else 'off'}, gradient clipping "
         f"{preset_info['max_grad_norm'] or 'off'}{', bf16 autocast' if preset_info['bf16'] else ''}. Built-in corpus "
         f"`{corpus}` ({json.dumps(preset_info['language'])}); measured on held-out documents. "
-        f"{meta['seconds']:.0f} s on {meta['device']}.",
+        f"{meta['seconds']:.0f} s on {meta['device']}" + (", with the M-Act model (below)." if mact_results else "."),
         f"## Sink, activations and gates (table 4), learning rate {standard:g}; each cell: seed {seed_text}",
         table4,
         "F-Attn: attention on the first token (BOS), mean over heads, layers and query positions 1..S-1; also over "
@@ -333,6 +347,7 @@ def write_reproduce(folder: Path, preset_info: dict, variants: list[str], learni
         table2,
         f"loss spike: the largest rise of the {SPIKE_WINDOW}-step moving average of the training loss above its "
         "lowest earlier value (nats; 0 for a curve that never goes back up).",
+        *mact_section,
         f"## Beyond the training length ({seq_len} tokens), learning rate {standard:g}, seed {seed}",
         table5,
         "## The paper's directions, checked on these numbers (every seed)",
@@ -343,16 +358,49 @@ def write_reproduce(folder: Path, preset_info: dict, variants: list[str], learni
         "\n\n".join(f"![{name}]({name}.png)" for name in (
             "overview", "loss_curves", "first_token_attention", "first_token_attention_high_lr",
             "first_token_attention_by_position", "max_activation",
-            "max_activation_high_lr", *(("gate_mean", "gate_histograms") if gated else ()), "attention_maps",
-            "extrapolation")),
-        "Models: `models/<variant>-lr<learning rate>-seed<seed>/` (load with `AutoModelForCausalLM.from_pretrained`); "
-        "held-out documents: `heldout.safetensors` (`input_ids`).",
+            "max_activation_high_lr", *(("max_activation_mact",) if mact_results else ()),
+            *(("gate_mean", "gate_histograms") if gated else ()), "attention_maps", "extrapolation")),
+        "Models: `models/<variant>-lr<learning rate>-seed<seed>/` (load with `AutoModelForCausalLM.from_pretrained`), "
+        "the M-Act model's as `models/mact-<variant>-...`; held-out documents: `heldout.safetensors` and "
+        "`heldout_mact.safetensors` (`input_ids`).",
     ]) + "\n"
     (folder / "report.md").write_text(text)
     write_json(folder / "report.json", {
         "meta": meta, "preset": preset_info, "variants": variants, "learning_rates": list(learning_rates),
         "seeds": seeds, "directions": checks,
-        "runs": {run_name(r["variant"], r["learning_rate"], r["seed"]): {k: v for k, v in r.items() if k != "tensors"}
-                 for r in runs},
+        **{key: {run_name(*name): {k: v for k, v in r.items() if k != "tensors"} for name, r in chosen.items()}
+           for key, chosen in (("runs", results), ("mact_runs", mact_results))},
     })
     return text
+
+
+def _mact_section(results: Results, preset_info: dict, seeds: list[int], folder: Path) -> list[str]:
+    """The M-Act model's part of report.md (a table row per variant and seed) and its plot (first seed)."""
+    info = preset_info["mact"]
+    lr = info["learning_rates"][0]
+    variants = [v for v in ("baseline", "g1-elementwise") if any((v, lr, seed) in results for seed in seeds)]
+    plots.per_layer({v: [e["max_activation"] for e in results[(v, lr, seeds[0])]["analysis"]["layers"]]
+                     for v in variants if (v, lr, seeds[0]) in results}, folder / "max_activation_mact.png",
+                    "max |hidden state|", f"M-Act model: M-Act per layer, lr {lr:g}, seed {seeds[0]}", log=True)
+    rows = []
+    for v in variants:
+        for seed in seeds:
+            r = results.get((v, lr, seed))
+            if r is None:
+                continue
+            layers, summary = r["analysis"]["layers"], r["analysis"]["summary"]
+            rows.append([v, seed, r["heldout_ppl"], summary["first_token_attention"], summary["max_activation"],
+                         ", ".join(_fmt(e["max_activation"], 1) for e in layers),
+                         ", ".join(str(e["max_activation_position"]) for e in layers), summary["gate_mean"]])
+    return [
+        f"## Massive activations in the M-Act model, learning rate {lr:g}",
+        f"{info['num_hidden_layers']} layers, hidden {info['hidden_size']}, {info['num_attention_heads']} query / "
+        f"{info['num_key_value_heads']} kv heads of {info['head_dim']}, QK-norm {'on' if info['use_qk_norm'] else 'off'}"
+        f"; {info['steps']} steps of {info['batch_size']} x {info['seq_len']} tokens of the built-in corpus "
+        f"`{info['corpus']}`; baseline and G1 elementwise only. In a model of one layer, M-Act is that layer's output, "
+        "which only the final RMSNorm reads, so nothing fixes its scale; in LLMs the massive activation appears in an "
+        "early layer at the first token and the residual stream carries it to the later layers' attention. This "
+        "model has layers to carry it.",
+        markdown_table(["variant", "seed", "held-out PPL", "F-Attn", "M-Act", "M-Act per layer",
+                        "position of each layer's max", "gate mean"], rows),
+    ]

@@ -7,6 +7,10 @@ input-independent gate). Then it measures each model on held-out documents (`mea
 |SDPA output| before and after the gate, gate scores; F-Attn split by query token and position), its perplexity
 beyond the training length with and without YaRN, and the stability of its training loss, and writes `report.md`,
 `report.json`, PNG plots and the models.
+
+The default model has one layer: enough for the attention sink, not for the massive activation of the paper's
+table 4, which an early layer writes at the first token for later layers to read. So the default also trains a
+deeper model, baseline and G1 elementwise only (the "M-Act model", `Preset.mact`), on which M-Act is compared.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ VARIANTS: dict[str, dict] = {
     "ns-sigmoid": {"gate_position": "sdpa", "gate_activation": "ns_sigmoid"},
     "input-independent": {"gate_position": "sdpa", "gate_input_dependent": False},
 }
+MACT_VARIANTS = ("baseline", "g1-elementwise")  # what the M-Act model compares
 SPIKE_WINDOW = 10  # training losses are averaged over this many steps before looking for spikes
 
 
@@ -68,14 +73,25 @@ class Preset:
     extrapolation: tuple[int, ...] = (1, 2, 4, 8)  # context lengths, in multiples of seq_len
     extrapolation_documents: int = 8
     language: BigramBackcopy | SyntheticLanguage = field(default_factory=BigramBackcopy)
+    # The M-Act model: trained as `MACT_VARIANTS` at its standard learning rate, once per seed of this preset (its own
+    # `seeds` are ignored), where this model is too shallow for massive activations. None: M-Act from these models.
+    mact: Preset | None = None
 
 
 PRESETS: dict[str, Preset] = {
     # Seconds: what the end-to-end test runs.
     "smoke": Preset(hidden_size=32, head_dim=32, intermediate_size=64, seq_len=24, batch_size=4, steps=6,
-                    seeds=(0,), eval_documents=4, analysis_documents=2, extrapolation=(1, 2), extrapolation_documents=2),
-    # `make demo`: 20 models (5 variants x 2 learning rates x 2 seeds) in about 3 minutes on two idle CPU cores.
-    "default": Preset(),
+                    seeds=(0,), eval_documents=4, analysis_documents=2, extrapolation=(1, 2), extrapolation_documents=2,
+                    mact=Preset(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                head_dim=16, intermediate_size=64, use_qk_norm=True, seq_len=24, batch_size=4, steps=6,
+                                eval_documents=4, analysis_documents=2, extrapolation=(1,), extrapolation_documents=2,
+                                language=SyntheticLanguage())),
+    # `make demo`: 20 one-layer models (5 variants x 2 learning rates x 2 seeds) for the sink, and 4 M-Act models
+    # (4 layers with the paper's QK-norm and grouped-query attention, on the `repeats` corpus, where the baseline's
+    # massive activation appears in an early layer at the first token) in about 6 minutes on two idle CPU cores.
+    "default": Preset(mact=Preset(num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                  use_qk_norm=True, seq_len=64, steps=1600, extrapolation=(1,),
+                                  language=SyntheticLanguage())),
     # For a GPU: the paper's architecture (QK-norm, grouped-query attention) wider and deeper, on the same corpus,
     # to see whether the miniature's directions hold at that shape (not run yet; time estimate in the README).
     "large": Preset(hidden_size=256, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4, head_dim=32,
@@ -248,16 +264,36 @@ def planned_runs(preset: Preset, variants: list[str]) -> list[tuple[str, float, 
             for learning_rate, chosen in ((standard, variants), (high, at_high)) for variant in chosen]
 
 
+def mact_runs(preset: Preset, variants: list[str]) -> list[tuple[str, float, int]]:
+    """`(variant, learning rate, seed)` of every M-Act model a `reproduce` run trains: `MACT_VARIANTS` at
+    `preset.mact`'s standard learning rate, each of `preset.seeds`; none without `preset.mact` or when `variants`
+    leaves out one of `MACT_VARIANTS`."""
+    if preset.mact is None or not set(MACT_VARIANTS) <= set(variants):
+        return []
+    return [(variant, preset.mact.learning_rates[0], seed) for seed in preset.seeds for variant in MACT_VARIANTS]
+
+
+def mact_preset(preset: Preset) -> Preset | None:
+    """The M-Act model's preset, with the main preset's seeds."""
+    return None if preset.mact is None else replace(preset.mact, seeds=preset.seeds)
+
+
 def run_all(preset: Preset, variants: list[str], models_dir: Path | None, jobs: int,
             progress: bool = True) -> list[dict]:
-    """Every run of `planned_runs`; with `jobs` > 1 that many at a time in spawned processes (CPU threads shared
-    out among them), which needs the calling script's code under `if __name__ == "__main__":` as usual for
-    multiprocessing."""
+    """Every run of `mact_runs` (first: they take longest) and `planned_runs`, each result with its `"part"`:
+    "mact" or "main"; with `jobs` > 1 that many at a time in spawned processes (CPU threads shared out among them),
+    which needs the calling script's code under `if __name__ == "__main__":` as usual for multiprocessing."""
     from tqdm.auto import tqdm
 
-    runs = [dict(preset=preset, variant=variant, learning_rate=learning_rate, seed=seed,
-                 save_to=str(models_dir / run_name(variant, learning_rate, seed)) if models_dir else None)
-            for variant, learning_rate, seed in planned_runs(preset, variants)]
+    def save_to(name: str) -> str | None:
+        return str(models_dir / name) if models_dir else None
+
+    parts = [("mact", mact_preset(preset), "mact-", mact_runs(preset, variants)),
+             ("main", preset, "", planned_runs(preset, variants))]
+    labels = [part for part, _, _, planned in parts for _ in planned]
+    runs = [dict(preset=chosen, variant=variant, learning_rate=learning_rate, seed=seed,
+                 save_to=save_to(prefix + run_name(variant, learning_rate, seed)))
+            for _, chosen, prefix, planned in parts for variant, learning_rate, seed in planned]
     bar = tqdm(total=len(runs), desc="reproduce", unit="run", disable=not progress)
     results: list[dict | None] = [None] * len(runs)
     if jobs <= 1:
@@ -274,7 +310,7 @@ def run_all(preset: Preset, variants: list[str], models_dir: Path | None, jobs: 
                 results[futures[future]] = future.result()
                 bar.update(1)
     bar.close()
-    return results
+    return [{**result, "part": part} for part, result in zip(labels, results)]
 
 
 def run_name(variant: str, learning_rate: float, seed: int) -> str:
@@ -308,7 +344,10 @@ def corpus_name(preset: Preset) -> str:
 
 
 def preset_dict(preset: Preset) -> dict:
-    return {**json.loads(json.dumps(asdict(preset))), "corpus": corpus_name(preset)}
+    """The preset as JSON-ready values with its corpus's name; `mact`: the M-Act model's, or None."""
+    info = {**json.loads(json.dumps(asdict(replace(preset, mact=None)))), "corpus": corpus_name(preset)}
+    info["mact"] = preset_dict(mact_preset(preset)) if preset.mact else None
+    return info
 
 
 def customised(preset: Preset, **overrides) -> Preset:
