@@ -397,7 +397,7 @@ def _mact_section(results: Results, preset_info: dict, seeds: list[int], folder:
         f"{info['num_hidden_layers']} layers, hidden {info['hidden_size']}, {info['num_attention_heads']} query / "
         f"{info['num_key_value_heads']} kv heads of {info['head_dim']}, QK-norm {'on' if info['use_qk_norm'] else 'off'}"
         f"; {info['steps']} steps of {info['batch_size']} x {info['seq_len']} tokens of the built-in corpus "
-        f"`{info['corpus']}`; baseline and G1 elementwise only. In a model of one layer, M-Act is that layer's output, "
+        f"`{info['corpus']}` ({json.dumps(info['language'])}); baseline and G1 elementwise only. In a model of one layer, M-Act is that layer's output, "
         "which only the final RMSNorm reads, so nothing fixes its scale; in LLMs the massive activation appears in an "
         "early layer at the first token and the residual stream carries it to the later layers' attention. This "
         "model has layers to carry it.",
