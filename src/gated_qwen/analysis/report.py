@@ -321,8 +321,8 @@ def write_reproduce(folder: Path, preset_info: dict, variants: list[str], learni
                         folder / "extrapolation.png")
 
     table4, table2, table5 = reproduce_tables(results, variants, learning_rates, seeds)
-    mact_lr = preset_info["mact"]["learning_rates"][0] if mact_results else None
-    checks = directions(results, learning_rates, seeds, (mact_results, mact_lr) if mact_results else None)
+    mact = (mact_results, preset_info["mact"]["learning_rates"][0]) if mact_results else None
+    checks = directions(results, learning_rates, seeds, mact)
     mact_section = _mact_section(mact_results, preset_info, seeds, folder) if mact_results else []
     seed_text = " / ".join(str(s) for s in seeds)
     corpus = preset_info.get("corpus", "")

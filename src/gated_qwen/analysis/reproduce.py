@@ -286,15 +286,12 @@ def run_all(preset: Preset, variants: list[str], models_dir: Path | None, jobs: 
     which needs the calling script's code under `if __name__ == "__main__":` as usual for multiprocessing."""
     from tqdm.auto import tqdm
 
-    def save_to(name: str) -> str | None:
-        return str(models_dir / name) if models_dir else None
-
-    parts = [("mact", mact_preset(preset), "mact-", mact_runs(preset, variants)),
-             ("main", preset, "", planned_runs(preset, variants))]
-    labels = [part for part, _, _, planned in parts for _ in planned]
+    planned = ([("mact", mact_preset(preset), *run) for run in mact_runs(preset, variants)]
+               + [("main", preset, *run) for run in planned_runs(preset, variants)])
     runs = [dict(preset=chosen, variant=variant, learning_rate=learning_rate, seed=seed,
-                 save_to=save_to(prefix + run_name(variant, learning_rate, seed)))
-            for _, chosen, prefix, planned in parts for variant, learning_rate, seed in planned]
+                 save_to=str(models_dir / f"{'mact-' if part == 'mact' else ''}{run_name(variant, learning_rate, seed)}")
+                 if models_dir else None)
+            for part, chosen, variant, learning_rate, seed in planned]
     bar = tqdm(total=len(runs), desc="reproduce", unit="run", disable=not progress)
     results: list[dict | None] = [None] * len(runs)
     if jobs <= 1:
@@ -311,7 +308,7 @@ def run_all(preset: Preset, variants: list[str], models_dir: Path | None, jobs: 
                 results[futures[future]] = future.result()
                 bar.update(1)
     bar.close()
-    return [{**result, "part": part} for part, result in zip(labels, results)]
+    return [{**result, "part": part} for (part, *_), result in zip(planned, results)]
 
 
 def run_name(variant: str, learning_rate: float, seed: int) -> str:
