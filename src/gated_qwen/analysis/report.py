@@ -375,19 +375,19 @@ def write_reproduce(folder: Path, preset_info: dict, variants: list[str], learni
 
 
 def _mact_section(results: Results, preset_info: dict, seeds: list[int], folder: Path) -> list[str]:
-    """The M-Act model's part of report.md (a table row per variant and seed) and its plot (first seed)."""
+    """The M-Act model's part of report.md (a table row per variant and seed) and its plot (first seed); `results`
+    holds every run of `reproduce.mact_runs`."""
+    from .reproduce import MACT_VARIANTS
+
     info = preset_info["mact"]
     lr = info["learning_rates"][0]
-    variants = [v for v in ("baseline", "g1-elementwise") if any((v, lr, seed) in results for seed in seeds)]
     plots.per_layer({v: [e["max_activation"] for e in results[(v, lr, seeds[0])]["analysis"]["layers"]]
-                     for v in variants if (v, lr, seeds[0]) in results}, folder / "max_activation_mact.png",
+                     for v in MACT_VARIANTS}, folder / "max_activation_mact.png",
                     "max |hidden state|", f"M-Act model: M-Act per layer, lr {lr:g}, seed {seeds[0]}", log=True)
     rows = []
-    for v in variants:
+    for v in MACT_VARIANTS:
         for seed in seeds:
-            r = results.get((v, lr, seed))
-            if r is None:
-                continue
+            r = results[(v, lr, seed)]
             layers, summary = r["analysis"]["layers"], r["analysis"]["summary"]
             rows.append([v, seed, r["heldout_ppl"], summary["first_token_attention"], summary["max_activation"],
                          ", ".join(_fmt(e["max_activation"], 1) for e in layers),
@@ -397,10 +397,10 @@ def _mact_section(results: Results, preset_info: dict, seeds: list[int], folder:
         f"{info['num_hidden_layers']} layers, hidden {info['hidden_size']}, {info['num_attention_heads']} query / "
         f"{info['num_key_value_heads']} kv heads of {info['head_dim']}, QK-norm {'on' if info['use_qk_norm'] else 'off'}"
         f"; {info['steps']} steps of {info['batch_size']} x {info['seq_len']} tokens of the built-in corpus "
-        f"`{info['corpus']}` ({json.dumps(info['language'])}); baseline and G1 elementwise only. In a model of one layer, M-Act is that layer's output, "
-        "which only the final RMSNorm reads, so nothing fixes its scale; in LLMs the massive activation appears in an "
-        "early layer at the first token and the residual stream carries it to the later layers' attention. This "
-        "model has layers to carry it.",
+        f"`{info['corpus']}` ({json.dumps(info['language'])}); baseline and G1 elementwise only. In a model of one "
+        "layer, M-Act is that layer's output, which only the final RMSNorm reads, so nothing fixes its scale; in LLMs "
+        "the massive activation appears in an early layer at the first token and the residual stream carries it to "
+        "the later layers' attention. This model has layers to carry it.",
         markdown_table(["variant", "seed", "held-out PPL", "F-Attn", "M-Act", "M-Act per layer",
                         "position of each layer's max", "gate mean"], rows),
     ]
