@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-BENCHMARKS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1] / "tests"  # where the ahead-of-time compiler lives (kernel_aot.py)
 
 # Goals the figures are reported against (benchmarks/RESULTS.md; H100/H200, bf16, causal, D=128).
 GOALS = {"forward_tflops": 450.0, "backward_tflops": 300.0, "fwd_bwd_vs_sdpa_gate": 1.1, "goal_min_seqlen": 2048}
@@ -148,8 +148,8 @@ def max_lengths(q, k, kwargs):
 
 
 def record(problem: Problem, device) -> list:
-    """The kernel launches (benchmarks/kernel_aot.py's recorder) that forward and backward make for `problem`."""
-    sys.path.insert(0, str(BENCHMARKS))
+    """The kernel launches (tests/kernel_aot.py's recorder) that forward and backward make for `problem`."""
+    sys.path.insert(0, str(TESTS))
     import kernel_aot
 
     from gated_qwen.gated_attention_backward import backward
@@ -175,7 +175,7 @@ def _warm_up(job):
     """Worker: compile one configuration of one launch through the JIT itself (`warmup`), on CUDA tensors of the
     real shapes, so the cache entry is exactly the one the real launch looks up."""
     problem, index, entry, arch = job
-    sys.path.insert(0, str(BENCHMARKS))
+    sys.path.insert(0, str(TESTS))
     import kernel_aot
 
     from gated_qwen.gated_attention_common import config_entry
@@ -195,7 +195,7 @@ def compile_ahead(problems: list[Problem], jobs: int) -> dict:
 
     import torch
 
-    sys.path.insert(0, str(BENCHMARKS))
+    sys.path.insert(0, str(TESTS))
     import kernel_aot
 
     from gated_qwen.gated_attention_common import config_entry
@@ -226,8 +226,8 @@ def compile_ahead(problems: list[Problem], jobs: int) -> dict:
 
 def check(problem: Problem, device: str) -> dict:
 
-    from gated_qwen.naive_gated_attention import naive_gated_attention
-    from gated_qwen.triton_gated_attention import gated_attention
+    from gated_qwen.gated_attention_naive import naive_gated_attention
+    from gated_qwen.gated_attention import gated_attention
 
     q, k, v, gate, dy, kwargs = build(problem, device)
     inputs = [t for t in (q, k, v, gate) if t is not None]
@@ -311,7 +311,7 @@ def measure_throughput(problems: list[Problem], device: str) -> list[dict]:
     import torch
     import torch.nn.functional as F
 
-    from gated_qwen.triton_gated_attention import gated_attention
+    from gated_qwen.gated_attention import gated_attention
 
     try:
         from flash_attn import flash_attn_func
@@ -368,7 +368,7 @@ def measure_throughput(problems: list[Problem], device: str) -> list[dict]:
 def end_to_end(device: str, interpret: bool, layers: int) -> dict:
     import torch
 
-    from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, gated_triton_backend
+    from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, gated_attention_backend
 
     if interpret:
         fields = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_attention_heads=4,
@@ -425,7 +425,7 @@ def end_to_end(device: str, interpret: bool, layers: int) -> dict:
                          "gated_triton_tokens_per_s": tokens["gated_triton"][name],
                          "ratio": tokens["gated_triton"][name] / tokens["sdpa"][name]}
     result["self_check"] = {combo.describe(): ("passed" if failure is None else failure)
-                            for combo, failure in gated_triton_backend.SELF_CHECK_VERDICTS.items()}
+                            for combo, failure in gated_attention_backend.SELF_CHECK_VERDICTS.items()}
     return result
 
 
@@ -551,7 +551,7 @@ def main(argv=None) -> int:
     except ImportError:
         print("gpu_check.py: error: Triton is not installed (pip install -e '.[triton]')", file=sys.stderr)
         return 2
-    from gated_qwen.triton_gated_attention import triton_available
+    from gated_qwen.gated_attention import triton_available
 
     if not triton_available():
         print("gpu_check.py: error: the Triton kernel cannot run here (TRITON_INTERPRET was set too late?)",

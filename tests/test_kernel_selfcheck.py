@@ -10,8 +10,8 @@ import torch
 
 pytest.importorskip("triton")
 
-from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, gated_triton_backend
-from gated_qwen import triton_gated_attention as tga
+from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, gated_attention_backend
+from gated_qwen import gated_attention as tga
 from gated_qwen.gated_attention_selfcheck import LAYOUTS, Combination, combination_of, self_check
 
 if not tga.triton_available():
@@ -67,8 +67,8 @@ def assert_same_as_sdpa(sdpa, fused, input_ids):
 def fresh_verdicts(monkeypatch):
     """No combination checked yet, the default mode, and the backend's warnings captured."""
     verdicts = {}
-    monkeypatch.setattr(gated_triton_backend, "SELF_CHECK_VERDICTS", verdicts)
-    monkeypatch.delenv(gated_triton_backend.KERNEL_MODE_VARIABLE, raising=False)
+    monkeypatch.setattr(gated_attention_backend, "SELF_CHECK_VERDICTS", verdicts)
+    monkeypatch.delenv(gated_attention_backend.KERNEL_MODE_VARIABLE, raising=False)
     return verdicts
 
 
@@ -76,13 +76,13 @@ def fresh_verdicts(monkeypatch):
 def kernel_calls(monkeypatch):
     """Counts the backend's calls of the fused kernel (the self-check calls it directly, not through the backend)."""
     calls = []
-    original = gated_triton_backend.gated_attention
+    original = gated_attention_backend.gated_attention
 
     def spy(*args, **kwargs):
         calls.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(gated_triton_backend, "gated_attention", spy)
+    monkeypatch.setattr(gated_attention_backend, "gated_attention", spy)
     return calls
 
 
@@ -111,7 +111,7 @@ def self_check_warnings(caplog):
 def test_broken_kernel_falls_back_to_sdpa_and_warns_once(monkeypatch, caplog, fresh_verdicts, kernel_calls, how):
     break_forward(monkeypatch, how)
     sdpa, fused = model_pair()
-    with caplog.at_level(logging.WARNING, logger=gated_triton_backend.logger.name):
+    with caplog.at_level(logging.WARNING, logger=gated_attention_backend.logger.name):
         for step in range(2):  # the second step reuses the verdict: no second check, no second warning
             assert_same_as_sdpa(sdpa, fused, ids(seed=step))
     warnings = self_check_warnings(caplog)
@@ -139,7 +139,7 @@ def test_a_failing_combination_does_not_disable_the_others(monkeypatch, caplog, 
     input_ids = ids(batch=2, length=10, seed=4)
     kwargs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "max_new_tokens": 5,
               "do_sample": False, "pad_token_id": 0}
-    with torch.no_grad(), caplog.at_level(logging.WARNING, logger=gated_triton_backend.logger.name):
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger=gated_attention_backend.logger.name):
         expected = sdpa.generate(**kwargs)
         tokens = fused.generate(**kwargs)
     assert torch.equal(tokens, expected)
@@ -229,7 +229,7 @@ def test_fp32_on_a_gpu_is_refused_with_the_dtypes_to_use_and_runs_sdpa(monkeypat
     assert "fp32" in reason and "torch.bfloat16" in reason and "torch.float16" in reason
     assert tga.gated_attention_unsupported_reason(q.half(), q.half(), q.half()) is None
     sdpa, fused = model_pair()
-    with caplog.at_level(logging.WARNING, logger=gated_triton_backend.logger.name):
+    with caplog.at_level(logging.WARNING, logger=gated_attention_backend.logger.name):
         assert_same_as_sdpa(sdpa, fused, ids())
     assert not kernel_calls
     assert any("bfloat16" in r.getMessage() and "SDPA" in r.getMessage() for r in caplog.records)

@@ -38,7 +38,7 @@ CASES = {
     "gate-module-directly": "import gated_qwen.gating\n",
     "checkpoint-formats-directly": "import gated_qwen.checkpoint_formats\n",
     "conversion-subpackage": "from gated_qwen.conversion import convert\nimport gated_qwen.conversion.release\n",
-    "kernel-module-directly": "import gated_qwen.gated_triton_backend\n",
+    "kernel-module-directly": "import gated_qwen.gated_attention_backend\n",
 }
 
 

@@ -114,7 +114,7 @@ def test_padding_free_batch_gives_the_padded_loss_and_gradients(attn, gate):
 @pytest.mark.parametrize("gate", [{}, {"gate_granularity": "headwise"}], ids=["G1", "G1h"])
 def test_padding_free_batch_through_the_triton_kernel(gate):
     """DataCollatorWithFlattening's packed batch reaches the fused kernel's varlen path (float32, interpreter)."""
-    from gated_qwen.triton_gated_attention import triton_available
+    from gated_qwen.gated_attention import triton_available
 
     if not triton_available():
         pytest.skip("Triton is not installed, or runs neither on a GPU nor under TRITON_INTERPRET=1")

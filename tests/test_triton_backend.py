@@ -15,8 +15,8 @@ pytest.importorskip("triton")
 
 from transformers import DataCollatorWithFlattening
 
-from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, gated_triton_backend
-from gated_qwen import triton_gated_attention as tga
+from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, gated_attention_backend
+from gated_qwen import gated_attention as tga
 
 if not tga.triton_available():
     pytest.skip("no CUDA device and TRITON_INTERPRET was not set before import", allow_module_level=True)
@@ -82,13 +82,13 @@ def ids(batch=2, length=24, seed=1) -> torch.Tensor:
 def kernel_calls(monkeypatch):
     """Records, for each call of the Triton kernel from the backend, whether a gate was fused into it."""
     calls = []
-    original = gated_triton_backend.gated_attention
+    original = gated_attention_backend.gated_attention
 
     def spy(q, k, v, gate=None, **kwargs):
         calls.append(gate is not None)
         return original(q, k, v, gate, **kwargs)
 
-    monkeypatch.setattr(gated_triton_backend, "gated_attention", spy)
+    monkeypatch.setattr(gated_attention_backend, "gated_attention", spy)
     return calls
 
 
@@ -174,17 +174,17 @@ def test_default_implementation(monkeypatch):
     assert GatedQwenForCausalLM(config).config._attn_implementation == (
         "gated_triton" if torch.cuda.is_available() else "sdpa")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert gated_triton_backend.gated_triton_is_default(config)
+    assert gated_attention_backend.gated_triton_is_default(config)
     sliding = tiny(use_sliding_window=True, sliding_window=8, max_window_layers=0)
-    assert not gated_triton_backend.gated_triton_is_default(sliding)
-    assert not gated_triton_backend.gated_triton_is_default(tiny(attention_dropout=0.1))
-    monkeypatch.setattr(gated_triton_backend, "triton_available", lambda: False)
-    assert not gated_triton_backend.gated_triton_is_default(config)
+    assert not gated_attention_backend.gated_triton_is_default(sliding)
+    assert not gated_attention_backend.gated_triton_is_default(tiny(attention_dropout=0.1))
+    monkeypatch.setattr(gated_attention_backend, "triton_available", lambda: False)
+    assert not gated_attention_backend.gated_triton_is_default(config)
 
 
 def test_unsupported_inputs_fall_back_to_the_reference(monkeypatch, kernel_calls):
     sdpa, fused = model_pair()
-    monkeypatch.setattr(gated_triton_backend, "gated_attention_unsupported_reason", lambda *a, **k: "pretend no Triton")
+    monkeypatch.setattr(gated_attention_backend, "gated_attention_unsupported_reason", lambda *a, **k: "pretend no Triton")
     assert_same(sdpa, fused, input_ids=ids())
     assert not kernel_calls
 
@@ -202,5 +202,5 @@ def test_saved_folder_carries_the_kernel_files(tmp_path):
     _, fused = model_pair()
     fused.save_pretrained(tmp_path)
     names = {p.name for p in tmp_path.iterdir()}
-    assert {"modeling_gated.py", "gated_triton_backend.py", "triton_gated_attention.py",
-            "naive_gated_attention.py"} <= names
+    assert {"modeling_gated.py", "gated_attention_backend.py", "gated_attention.py",
+            "gated_attention_naive.py"} <= names

@@ -14,9 +14,9 @@ import torch
 
 pytest.importorskip("triton")
 
-from gated_qwen import triton_gated_attention as tga
-from gated_qwen.naive_gated_attention import naive_gated_attention
-from gated_qwen.triton_gated_attention import gated_attention
+from gated_qwen import gated_attention as tga
+from gated_qwen.gated_attention_naive import naive_gated_attention
+from gated_qwen.gated_attention import gated_attention
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu" and not tga.INTERPRET:
@@ -506,12 +506,12 @@ def test_torch_compile_fullgraph(backend):
 
 
 def kernel_files() -> list[str]:
-    """triton_gated_attention.py and every module it reaches through relative imports (all flat, as on the Hub)."""
+    """gated_attention.py and every module it reaches through relative imports (all flat, as on the Hub)."""
     import re
     from pathlib import Path
 
     package = Path(tga.__file__).parent
-    found, todo = [], ["triton_gated_attention.py"]
+    found, todo = [], ["gated_attention.py"]
     while todo:
         name = todo.pop()
         found.append(name)
@@ -539,7 +539,7 @@ def test_kernel_modules_are_flat_and_import_triton_only_through_the_guard():
 
     files = kernel_files()
     assert {"gated_attention_common.py", "gated_attention_prologue.py", "gated_attention_forward.py",
-            "gated_attention_backward.py", "gated_attention_decode.py", "naive_gated_attention.py"} <= set(files)
+            "gated_attention_backward.py", "gated_attention_decode.py", "gated_attention_naive.py"} <= set(files)
     for name in files:
         tree = ast.parse((Path(tga.__file__).parent / name).read_text())
         unguarded = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))
@@ -557,7 +557,7 @@ def test_flat_copy_imports_and_reuses_the_registered_ops(tmp_path):
         assert "gated_qwen" not in path.read_text().replace('"gated_qwen"', ""), path.name
     sys.path.insert(0, str(tmp_path))
     try:
-        copy = importlib.import_module("hub_copy_pkg.triton_gated_attention")
+        copy = importlib.import_module("hub_copy_pkg.gated_attention")
         q, k, v, g = make_inputs(1, 20, 20, 2, 1, 64, "headwise")
         assert torch.equal(copy.gated_attention(q, k, v, g), gated_attention(q, k, v, g))
     finally:
@@ -577,7 +577,7 @@ def test_module_imports_without_triton(tmp_path):
     copy_flat(tmp_path, "flat_pkg")
     code = (
         "import sys; sys.modules['triton'] = None\n"
-        "from flat_pkg import triton_gated_attention as t\n"
+        "from flat_pkg import gated_attention as t\n"
         "import torch\n"
         "assert not t.triton_available()\n"
         "assert 'flat_pkg.gated_attention_forward' not in sys.modules\n"

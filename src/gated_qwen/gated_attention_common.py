@@ -2,7 +2,7 @@
 switch, the block configurations the autotuner may try on each GPU architecture, and launch helpers.
 
 Triton is optional: without it this module still imports (`triton` is None) and the kernel modules, which define
-their `@triton.jit` functions at module level, are simply not imported (see `triton_gated_attention.py`).
+their `@triton.jit` functions at module level, are simply not imported (see `gated_attention.py`).
 Relative imports only: the kernel files are copied to the Hugging Face Hub beside the modeling file.
 """
 
@@ -46,7 +46,7 @@ def triton_available() -> bool:
 #
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) that the autotuner may try, per kernel, architecture family and head-dim
 # class (BLOCK_D: 64 for D <= 64, 128, 256). Every entry compiles ahead of time (tests/test_kernel_aot.py,
-# benchmarks/kernel_aot.py) within the architecture's shared memory, without register spills, and with wgmma (MMA v3)
+# tests/kernel_aot.py) within the architecture's shared memory, without register spills, and with wgmma (MMA v3)
 # on sm_90 for 16-bit inputs; configurations that spill or overflow shared memory are left out here, so the tuner
 # never tries them.
 #   sm90:  H100 / H200 (227 KB shared memory per block), also used for sm_100 (Blackwell, 227 KB)
@@ -112,7 +112,7 @@ TUNING_SPACE: dict[str, dict[str, dict[int, list[tuple[int, int, int, int]]]]] =
 }
 # Triton before 3.9 (3.7.1 is what torch 2.13's CUDA wheels pin, requirements/cuda.lock) allocates registers
 # differently: these lists replace the ones above there, (kernel, family, head-dim class) -> entries. Each leaves out
-# what spills in the full grid compiled under that Triton (benchmarks/kernel_aot.py, benchmarks/RESULTS.md).
+# what spills in the full grid compiled under that Triton (tests/kernel_aot.py, benchmarks/RESULTS.md).
 TUNING_SPACE_BEFORE_TRITON_3_9: dict[tuple[str, str, int], list[tuple[int, int, int, int]]] = {
     # 128x64 w8 s2 spills 260-300 B under a causal mask, 64x64 w8 s2 56 B with an elementwise gate and a full one;
     # 128x32 w8 s2 takes the 128-row place (at most 209 registers over the 24 head-dim-128 variants).
@@ -159,7 +159,7 @@ def autotune_configs(kernel: str) -> list:
 
 
 def device_capability(tensor: torch.Tensor) -> tuple[int, int]:
-    """Compute capability of the GPU holding `tensor`. Ahead-of-time compilation (benchmarks/kernel_aot.py) swaps
+    """Compute capability of the GPU holding `tensor`. Ahead-of-time compilation (tests/kernel_aot.py) swaps
     this for the target it compiles for."""
     return torch.cuda.get_device_capability(tensor.device)
 

@@ -45,7 +45,7 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .checkpoint_formats import CHECKPOINT_CONVERSIONS, LOAD_ERROR
 from .configuration_gated import GatedQwenConfig
-from .gated_triton_backend import gated_triton_is_default  # registers attn_implementation="gated_triton"
+from .gated_attention_backend import gated_triton_is_default  # registers attn_implementation="gated_triton"
 from .gating import GatedQwenGate
 
 
@@ -255,7 +255,7 @@ class GatedQwenPreTrainedModel(PreTrainedModel):
 
     def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
         if requested_attention is None and gated_triton_is_default(self.config):
-            return "gated_triton"  # the fused Triton kernel, see gated_triton_backend.py
+            return "gated_triton"  # the fused Triton kernel, see gated_attention_backend.py
         return super().get_correct_attn_implementation(requested_attention, is_init_check)
 
     def _init_weights(self, module: nn.Module) -> None:

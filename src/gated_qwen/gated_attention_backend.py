@@ -1,5 +1,5 @@
 """The attention backend `attn_implementation="gated_triton"`: the adapter between Transformers and the fused Triton
-kernel (`triton_gated_attention.py`, which knows nothing about Transformers).
+kernel (`gated_attention.py`, which knows nothing about Transformers).
 
 The kernel applies the G1 sigmoid gate to its fp32 accumulator, so the attention module hands it the gate logits
 (this backend declares `fuses_output_gate`) instead of multiplying afterwards. Masks are FlashAttention-style (a 2-D
@@ -33,7 +33,7 @@ from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, logging
 
 from .gated_attention_selfcheck import Combination, combination_of, self_check
-from .triton_gated_attention import gated_attention, gated_attention_unsupported_reason, triton_available
+from .gated_attention import gated_attention, gated_attention_unsupported_reason, triton_available
 
 logger = logging.get_logger(__name__)
 

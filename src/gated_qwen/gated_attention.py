@@ -6,7 +6,7 @@
     gated_attention_decode.py     split-KV decode for one query per sequence
     gated_attention_prologue.py   `@triton.jit` helpers they share (program coordinates, sequence bounds, addressing)
     gated_attention_common.py     optional Triton import, block configurations per GPU architecture, launch helpers
-    naive_gated_attention.py      the plain PyTorch reference (the specification), same signature
+    gated_attention_naive.py      the plain PyTorch reference (the specification), same signature
 
 The output gate of "Gated Attention for LLMs" (Qiu et al., 2025; the paper's G1 position) is applied to the fp32
 accumulator, so the ungated attention output never reaches memory. Features: grouped-query attention of any ratio
@@ -32,7 +32,7 @@ import math
 import torch
 
 from .gated_attention_common import INTERPRET, TRITON_IMPORT_ERROR, triton, triton_available
-from .naive_gated_attention import naive_gated_attention
+from .gated_attention_naive import naive_gated_attention
 
 if triton is not None:  # the kernel modules define their @triton.jit functions at import
     from .gated_attention_backward import backward
