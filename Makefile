@@ -6,8 +6,8 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PIP     = $(1)/bin/python -m pip install --quiet --disable-pip-version-check
-EXTRAS := triton,peft,analysis,dev
-IMPORTS := import torch, transformers, gated_qwen, peft, triton, hypothesis, matplotlib
+EXTRAS := triton,peft,analysis,quant,dev
+IMPORTS := import torch, transformers, gated_qwen, peft, triton, hypothesis, matplotlib, optimum.quanto, torchao
 
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 LOCK    := requirements/$(if $(HAS_GPU),cuda,cpu).lock

@@ -226,8 +226,8 @@ def compile_ahead(problems: list[Problem], jobs: int) -> dict:
 
 def check(problem: Problem, device: str) -> dict:
 
-    from gated_qwen.gated_attention_naive import naive_gated_attention
     from gated_qwen.gated_attention import gated_attention
+    from gated_qwen.gated_attention_naive import naive_gated_attention
 
     q, k, v, gate, dy, kwargs = build(problem, device)
     inputs = [t for t in (q, k, v, gate) if t is not None]

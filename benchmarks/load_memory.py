@@ -1,5 +1,5 @@
 """Peak memory and time of `GatedQwenForCausalLM.from_pretrained` on a sharded release folder (the converters of
-checkpoint_formats.py split q_proj while loading) against the same model's gated_qwen folder (the anchor).
+conversion/loading.py split q_proj while loading) against the same model's gated_qwen folder (the anchor).
 
 Writes the synthetic release checkpoint of `convert_memory.py` (the paper's 1B attention shapes, elementwise gate
 rows packed in q_proj, bfloat16, 4 shards), converts it once with `gated-qwen convert --from release` (the anchor

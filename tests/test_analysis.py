@@ -20,6 +20,7 @@ from gated_qwen.analysis.measure import GATE_BINS, first_token_attention_per_que
 from gated_qwen.analysis.report import directions, gate_histogram_mode, sink_heads
 from gated_qwen.analysis.reproduce import loss_spikes, planned_runs, sink_profile
 from gated_qwen.cli import main
+from gated_qwen.gating import FUSED_GATE_BACKENDS, gate_shape, gated_layers
 
 VOCAB = 61
 
@@ -166,11 +167,11 @@ def test_gate_statistics_match_scores_recomputed_from_the_weights(overrides):
     x = ids()
     result = analyze(model, x, batch_size=2)
     _, hidden = eager_outputs(model, x)
-    heads, width = config.gate_shape
+    heads, width = gate_shape(config)
     means = []
     for layer, block in enumerate(model.model.layers):
         entry = result["layers"][layer]["gate"]
-        if layer not in config.gated_layers:
+        if layer not in gated_layers(config):
             assert entry is None
             continue
         normed = rms_norm(hidden[layer], block.input_layernorm.weight, config.rms_norm_eps)
@@ -232,7 +233,7 @@ def test_analysis_sees_the_ungated_output_under_a_backend_that_fuses_the_gate():
         out, weights = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
         return out * torch.sigmoid(output_gate), weights
 
-    fused.fuses_output_gate = True
+    FUSED_GATE_BACKENDS.add("test_fused_gate")
     AttentionInterface.register("test_fused_gate", fused)
     AttentionMaskInterface.register("test_fused_gate", sdpa_mask)
     model, x = model_for(gate_scale=8.0), ids()

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
 from gated_qwen.configuration_gated import CONFIG_ERRORS
+from gated_qwen.gating import gate_shape, gated_layers
 
 
 def config(**fields) -> GatedQwenConfig:
@@ -20,7 +21,7 @@ def test_defaults_are_the_papers_recommendation():
     assert (c.gate_position, c.gate_granularity, c.gate_shared_across_heads, c.gate_combine, c.gate_activation,
             c.gate_input_dependent, c.gate_bias, c.gate_layers) == (
         "sdpa", "elementwise", False, "multiply", "sigmoid", True, False, None)
-    assert c.gated_layers == list(range(c.num_hidden_layers))
+    assert gated_layers(c) == list(range(c.num_hidden_layers))
 
 
 @pytest.mark.parametrize("alias, name", [("G1", "sdpa"), ("G2", "value"), ("g3", "key"), ("G4", "query"),
@@ -106,7 +107,7 @@ def test_rules_across_fields_are_checked_by_validate_after_assignment():
 def test_assigned_paper_names_are_stored_as_the_config_names():
     c = config()
     c.gate_position = "G2"
-    assert c.gate_position == "value" and c.gate_shape == (TINY["num_key_value_heads"], TINY["head_dim"])
+    assert c.gate_position == "value" and gate_shape(c) == (TINY["num_key_value_heads"], TINY["head_dim"])
 
 
 def test_presets_build_on_the_meta_device():
@@ -151,4 +152,4 @@ def test_every_config_either_runs_or_is_refused_by_name(fields):
     for name, param in model.named_parameters():
         assert param.grad is not None, name
     gated = [layer.self_attn for layer in model.model.layers if layer.self_attn.gate.position is not None]
-    assert len(gated) == len(c.gated_layers)
+    assert len(gated) == len(gated_layers(c))

@@ -5,6 +5,7 @@ Every refusal is checked for its message and for leaving nothing behind."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 import errno
 import json
 import math
@@ -31,7 +32,7 @@ from transformers import (
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
 from gated_qwen.cli import main
-from gated_qwen.conversion import ConversionError, VerificationError, convert
+from gated_qwen.conversion import ConversionError, VerificationError, convert, plans
 from gated_qwen.conversion import qwen3 as qwen3_module
 
 TINY = sizes(vocab_size=100, intermediate_size=48)  # the sizes write_release's checkpoints (and their tests) use
@@ -551,7 +552,7 @@ def test_export_of_weights_that_do_not_match_their_config_is_refused(gated_sourc
 def test_bad_destination_is_refused_before_any_work(qwen3_sources, tmp_path, capsys, monkeypatch):
     src = qwen3_sources[False][0]
     args = ["--from", "qwen3", "--no-verify"]
-    monkeypatch.setattr(qwen3_module, "plan_qwen3_to_gated", None)  # the work: never reached
+    monkeypatch.setattr(plans, "plan_import", None)  # the work: never reached
     dangling = tmp_path / "link"
     dangling.symlink_to(tmp_path / "nowhere")
     cli_refuses(capsys, ["convert", str(src), str(dangling), *args], "is a symlink to", dangling)
@@ -626,15 +627,28 @@ def test_verification_failure_exits_with_1(qwen3_sources, tmp_path, capsys, monk
 
 
 # ----------------------------------------------------------------- structure: checked whatever --verify says
-def _patched_planner(monkeypatch, module, name, edit):
-    original = getattr(module, name)
+def _patched_import(monkeypatch, edit):
+    """Every import plan (`plans.plan_import`, what `--from` writes) edited by `edit(plan)` before it is written."""
+    original = plans.plan_import
 
     def planner(*args):
-        config, plan = original(*args)
+        plan = original(*args)
+        edit(plan)
+        return plan
+
+    monkeypatch.setattr(plans, "plan_import", planner)
+
+
+def _patched_export(monkeypatch, module, name, edit):
+    """The export of the format described by `module.name` edited by `edit(plan)` before it is written."""
+    description = getattr(module, name)
+
+    def export(ckpt):
+        config, plan = description.export(ckpt)
         edit(plan)
         return config, plan
 
-    monkeypatch.setattr(module, name, planner)
+    monkeypatch.setattr(module, name, dataclasses.replace(description, export=export))
 
 
 STRUCTURE_FAULTS = {  # what the fault does to the plan -> the message
@@ -653,7 +667,7 @@ def test_incomplete_plans_are_refused_even_without_verification(qwen3_sources, t
     import gated_qwen.conversion as conversion
 
     edit, message = STRUCTURE_FAULTS[fault]
-    _patched_planner(monkeypatch, qwen3_module, "plan_qwen3_to_gated", edit)
+    _patched_import(monkeypatch, edit)
     src, dst = qwen3_sources[False][0], tmp_path / "dst"
     cli_refuses(capsys, ["convert", str(src), str(dst), "--from", "qwen3", "--no-verify"], message, dst)
     monkeypatch.setattr(conversion, "VERIFY_MAX_PARAMETERS", 1000)  # default flags, a model above the verify limit
@@ -664,8 +678,7 @@ def test_incomplete_plans_are_refused_even_without_verification(qwen3_sources, t
 def test_export_plans_are_checked_against_the_stock_class(gated_source, tmp_path, capsys, monkeypatch):
     from gated_qwen.conversion import qwen3_5 as qwen3_5_module
 
-    _patched_planner(monkeypatch, qwen3_5_module, "plan_gated_to_qwen3_5",
-                     lambda plan: plan.pop("model.layers.0.self_attn.q_proj.weight"))
+    _patched_export(monkeypatch, qwen3_5_module, "QWEN3_5", lambda plan: plan.pop("model.layers.0.self_attn.q_proj.weight"))
     cli_refuses(capsys, ["convert", str(gated_source), str(tmp_path / "dst"), "--to", "qwen3_5", "--no-verify"],
                 "missing (model.layers.0.self_attn.q_proj.weight)", tmp_path / "dst")
 

@@ -1,4 +1,4 @@
-"""`GatedQwenForCausalLM.from_pretrained` on folders of other formats, with no convert step (checkpoint_formats.py):
+"""`GatedQwenForCausalLM.from_pretrained` on folders of other formats, with no convert step (conversion/loading.py):
 the paper's release, stock Qwen3 / Qwen3-MoE (with or without an added gate; a mixture of experts through
 `GatedQwenMoeForCausalLM`), Qwen3.5 text. Each is held against an
 independent reference: the release folder's logits from the official computation written out per head
@@ -30,8 +30,8 @@ from transformers import (
 )
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, GatedQwenModel, GatedQwenMoeForCausalLM
-from gated_qwen.checkpoint_formats import CheckpointFormatError, release_pages
-from gated_qwen.conversion import convert
+from gated_qwen.conversion import CheckpointFormatError, convert
+from gated_qwen.conversion.loading import release_pages
 
 IDS = torch.randint(0, TINY["vocab_size"], (2, 11), generator=torch.Generator().manual_seed(3))
 
@@ -286,7 +286,7 @@ def test_a_missing_gate_tensor_is_an_error_not_a_random_gate(tmp_path):
     torch.manual_seed(0)
     GatedQwenForCausalLM(GatedQwenConfig(**TINY)).save_pretrained(tmp_path / "gated")
     tensors = load_file(tmp_path / "gated" / "model.safetensors")
-    del tensors["model.layers.1.self_attn.g_proj.weight"]
+    del tensors["model.layers.1.self_attn.gate.g_proj.weight"]
     save_file(tensors, tmp_path / "gated" / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ValueError, match=r"no tensor for model.layers.1.self_attn.gate.g_proj.weight.*"
                                          r"refusing to start that gate at random"):

@@ -25,6 +25,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 import gated_qwen.modeling_gated
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
 from gated_qwen.cli import main as cli
+from gated_qwen.gating import gate_parameters_per_layer, gated_layers
 from gated_qwen.hub import describe_gate, model_card
 
 RESULTS = [{"task_type": "text-generation", "dataset_type": "wikitext", "dataset_name": "WikiText-103",
@@ -97,7 +98,7 @@ def test_card_names_the_gate_variant_without_optional_metadata(tmp_path, gate, s
     for phrase in says:
         assert phrase in card.text
     assert "recommended form" not in card.text
-    expected_gate = model.config.gate_parameters_per_layer() * len(model.config.gated_layers)
+    expected_gate = gate_parameters_per_layer(model.config) * len(gated_layers(model.config))
     assert f"{weights_in(tmp_path):,} (gate: {expected_gate:,})" in card.text
     assert card.data.license is None and card.data.base_model is None and "model-index" not in card.content
 

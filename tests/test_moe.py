@@ -1,7 +1,7 @@
 """The mixture-of-experts GatedQwen (GatedQwenMoeConfig / GatedQwenMoeForCausalLM) against independent references:
 stock Qwen3-MoE and Qwen3-Next with the same weights, and the G1 gate plus top-k routing written out here in plain
-PyTorch; and its separation from the dense model (no experts machinery on a dense GatedQwen, folders saved before
-the two model types were separate)."""
+PyTorch; and its separation from the dense model (no experts machinery on a dense GatedQwen, each class refusing the
+other's folders)."""
 
 import json
 import math
@@ -11,7 +11,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import SMALL, TINY_MOE, randomize_, sizes
-from safetensors.torch import load_file
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -30,6 +29,7 @@ from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, GatedQwenMoeConfig
 from gated_qwen.cli import main as cli
 from gated_qwen.configuration_gated import CONFIG_ERRORS
 from gated_qwen.conversion import ConversionError
+from gated_qwen.gating import gate_parameters_per_layer, gated_layers
 from gated_qwen.modeling_gated_moe import GatedQwenMoeSparseMoeBlock, router_z_loss_func
 
 VOCAB = 97  # the load-balancing test's starting router is tuned on this vocabulary
@@ -56,12 +56,10 @@ def left_padding_mask(batch=2, length=12) -> torch.Tensor:
 
 # ------------------------------------------------------------------------------------------ the configuration
 def test_dense_default_is_unchanged():
-    """The dense config has no mixture-of-experts field; the fields at their dense values (as folders saved before
-    GatedQwenMoeConfig existed hold them) are accepted and dropped, and give no sparse block."""
+    """The dense config has no mixture-of-experts field, and its model no sparse block."""
     config = GatedQwenConfig()
     assert not hasattr(config, "num_experts") and not hasattr(config, "sparse_layers")
-    model = GatedQwenForCausalLM(GatedQwenConfig(**tiny(num_experts=0, num_experts_per_tok=8,
-                                                        moe_intermediate_size=768)))
+    model = GatedQwenForCausalLM(GatedQwenConfig(**sizes(SMALL, vocab_size=VOCAB)))
     assert not hasattr(model.config, "num_experts")
     assert not any(isinstance(m, GatedQwenMoeSparseMoeBlock) for m in model.modules())
 
@@ -75,11 +73,7 @@ def test_dense_default_is_unchanged():
         (GatedQwenMoeConfig, dict(num_experts=0), "`num_experts` must be a positive integer"),
         (GatedQwenMoeConfig, dict(num_experts=4, num_experts_per_tok=5),
          "`num_experts_per_tok` (5) must be at most `num_experts` (4)"),
-        (GatedQwenConfig, dict(num_experts=0, moe_intermediate_size=768),
-         "`num_experts_per_tok`=2 has no effect with `num_experts`=0"),
-        (GatedQwenConfig, dict(num_experts=0, num_experts_per_tok=8, moe_intermediate_size=768,
-                               shared_expert_intermediate_size=8),
-         "`shared_expert_intermediate_size`=8 has no effect with `num_experts`=0"),
+        (GatedQwenConfig, dict(num_experts=0), "`num_experts`=0 asks for a mixture of experts, which GatedQwenConfig"),
         (GatedQwenConfig, dict(), "`num_experts`=8 asks for a mixture of experts, which GatedQwenConfig (the dense "
                                   "model, model_type 'gated_qwen') does not have; use GatedQwenMoeConfig"),
         (GatedQwenMoeConfig, dict(mlp_only_layers=[2]), "`mlp_only_layers` must hold distinct indices in [0, 2)"),
@@ -151,10 +145,10 @@ def test_only_the_moe_classes_have_experts_machinery():
         assert "gate_logits" in output.__dataclass_fields__
     assert "router_logits" in GatedQwenMoeForCausalLM.forward.__annotations__["return"].__dataclass_fields__
     assert "output_router_logits" not in GatedQwenConfig().to_dict()
-    dense_sources = [str(t.source_patterns) for t in get_checkpoint_conversion_mapping("gated_qwen")]
+    assert get_checkpoint_conversion_mapping("gated_qwen") is None  # a dense folder loads with no conversion at all
     moe_sources = [str(t.source_patterns) for t in get_checkpoint_conversion_mapping("gated_qwen_moe")]
-    assert not any("experts" in p for p in dense_sources) and any("experts" in p for p in moe_sources)
-    assert set(dense_sources) < set(moe_sources)  # the gate renamings and format readers: in both
+    assert moe_sources == [str(t.source_patterns) for t in get_checkpoint_conversion_mapping("qwen3_moe")]
+    assert any("experts" in p for p in moe_sources)  # Qwen3-MoE's experts, one tensor each on disk
     # what a model built from each config is given, whichever kind is built first: Qwen3's and Qwen3-MoE's
     dense = GatedQwenForCausalLM(GatedQwenConfig(**sizes(SMALL))).config._experts_implementation
     moe = GatedQwenMoeForCausalLM(GatedQwenMoeConfig(**tiny())).config._experts_implementation
@@ -181,46 +175,50 @@ def test_from_paper_returns_the_class_of_the_preset_whichever_class_it_is_called
     assert (config_class is GatedQwenMoeConfig) == (GatedQwenConfig.from_paper(name).model_type == "gated_qwen_moe")
 
 
-LEGACY = Path(__file__).parent / "data" / "saved-by-main-f4c7585" / "moe-shared-expert"
+@pytest.fixture
+def moe_folder(tmp_path) -> Path:
+    """A saved GatedQwen-MoE with a shared expert (what `--to qwen3_next` exports), and its logits."""
+    model = gated(seed=4, shared_expert_intermediate_size=24)
+    model.save_pretrained(tmp_path / "moe")
+    with torch.no_grad():
+        torch.save(model(ids()).logits, tmp_path / "moe-logits.pt")
+    return tmp_path / "moe"
 
 
-def test_a_mixture_of_experts_saved_as_gated_qwen_loads_as_one(tmp_path):
-    """A folder saved when mixtures of experts were model_type "gated_qwen" (`num_experts` > 0): the same logits
-    through `GatedQwenMoeForCausalLM` and the Auto classes, saved again as gated_qwen_moe with the MoE classes in its
-    auto_map; the dense class refuses it, naming the MoE class."""
-    assert json.loads((LEGACY / "config.json").read_text())["model_type"] == "gated_qwen"
-    reference = load_file(LEGACY / "reference_logits.safetensors")
-    for model in (GatedQwenMoeForCausalLM.from_pretrained(LEGACY), AutoModelForCausalLM.from_pretrained(LEGACY)):
-        assert type(model) is GatedQwenMoeForCausalLM
-        with torch.no_grad():
-            torch.testing.assert_close(model.eval()(reference["input_ids"]).logits, reference["logits"],
-                                       rtol=1e-5, atol=1e-5)
-    assert type(AutoConfig.from_pretrained(LEGACY)) is GatedQwenMoeConfig
-    model.save_pretrained(tmp_path / "saved")
-    saved = json.loads((tmp_path / "saved" / "config.json").read_text())
+def test_each_class_refuses_a_folder_of_the_other_model_type(moe_folder, tmp_path):
+    """A gated_qwen_moe folder: the MoE class and the Auto classes read it (its auto_map names the MoE classes);
+    the dense class refuses it, naming the MoE class, and the MoE class refuses a dense folder, naming the dense one."""
+    saved = json.loads((moe_folder / "config.json").read_text())
     assert saved["model_type"] == "gated_qwen_moe"
     assert saved["auto_map"]["AutoModelForCausalLM"] == "modeling_gated_moe.GatedQwenMoeForCausalLM"
     assert saved["auto_map"]["AutoConfig"] == "configuration_gated.GatedQwenMoeConfig"
+    for model in (GatedQwenMoeForCausalLM.from_pretrained(moe_folder), AutoModelForCausalLM.from_pretrained(moe_folder)):
+        assert type(model) is GatedQwenMoeForCausalLM
+        with torch.no_grad():
+            torch.testing.assert_close(model.eval()(ids()).logits, torch.load(moe_folder.parent / "moe-logits.pt"),
+                                       rtol=0, atol=0)
+    assert type(AutoConfig.from_pretrained(moe_folder)) is GatedQwenMoeConfig
     with pytest.raises(ValueError, match="holds a mixture of experts.*GatedQwenMoeForCausalLM"):
-        GatedQwenForCausalLM.from_pretrained(LEGACY)
+        GatedQwenForCausalLM.from_pretrained(moe_folder)
+    GatedQwenForCausalLM(GatedQwenConfig(**sizes(SMALL))).save_pretrained(tmp_path / "dense")
     with pytest.raises(ValueError, match="holds a dense model.*GatedQwenForCausalLM"):
-        GatedQwenMoeForCausalLM.from_pretrained(LEGACY.parent / "g1-elementwise")
+        GatedQwenMoeForCausalLM.from_pretrained(tmp_path / "dense")
 
 
-def test_a_mixture_of_experts_saved_as_gated_qwen_converts_as_one(tmp_path):
-    """`--to qwen3_next` exports such a folder (verified against its logits by the converter, and here against the
-    logits saved with it); the dense-only exports refuse it with the reason."""
+def test_a_mixture_of_experts_exports_to_qwen3_next_only(moe_folder, tmp_path):
+    """`--to qwen3_next` exports it (verified by the converter, and here against the logits saved with it, through
+    the stock class); the dense-only exports refuse it with the reason."""
     from gated_qwen.conversion import convert
 
-    convert(LEGACY, tmp_path / "next", to_format="qwen3_next", verify=True)
-    reference = load_file(LEGACY / "reference_logits.safetensors")
+    convert(moe_folder, tmp_path / "next", to_format="qwen3_next", verify=True)
     stock = Qwen3NextForCausalLM.from_pretrained(tmp_path / "next").eval()
     with torch.no_grad():
-        torch.testing.assert_close(stock(reference["input_ids"]).logits, reference["logits"], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(stock(ids()).logits, torch.load(moe_folder.parent / "moe-logits.pt"),
+                                   rtol=1e-5, atol=1e-5)
     for target in ("qwen3_5", "release"):
-        with pytest.raises(ConversionError, match=r"SRC is a mixture-of-experts GatedQwen \(num_experts=4\); this "
+        with pytest.raises(ConversionError, match=r"SRC is a mixture-of-experts GatedQwen \(num_experts=8\); this "
                                                   "converter handles dense models only"):
-            convert(LEGACY, tmp_path / target, to_format=target)
+            convert(moe_folder, tmp_path / target, to_format=target)
         assert not (tmp_path / target).exists()
 
 
@@ -252,7 +250,7 @@ def test_paper_moe_preset_parameter_counts():
     assert added == d * H * D * L == 201_326_592
     assert gated_model.config.moe_intermediate_size == I
     headwise = GatedQwenMoeConfig.from_paper("moe-15a2b", gate_granularity="headwise")
-    assert headwise.gate_parameters_per_layer() * L == d * H * L  # 1.6M
+    assert gate_parameters_per_layer(headwise) * L == d * H * L  # 1.6M
 
 
 # ------------------------------------------------------------------------------- stock-model equivalence
@@ -329,7 +327,7 @@ def reference_forward(model: GatedQwenMoeForCausalLM, input_ids: torch.Tensor):
         v = v.repeat_interleave(heads // kv, dim=2)
         scores = torch.einsum("bshd,bthd->bhst", q, k) / math.sqrt(dim) + causal
         y = torch.einsum("bhst,bthd->bshd", scores.softmax(-1), v)  # [B, S, H, D]
-        if i in c.gated_layers:  # G1: Y' = Y * act(X W_g) (or Y + act(X W_g)), X = the normed input of q/k/v
+        if i in gated_layers(c):  # G1: Y' = Y * act(X W_g) (or Y + act(X W_g)), X = the normed input of q/k/v
             if c.gate_input_dependent:
                 logits = h @ p[pre + "self_attn.gate.g_proj.weight"].T
                 if c.gate_bias:

@@ -36,7 +36,7 @@ CASES = {
     "configuration-module-directly": "import gated_qwen.configuration_gated\n",
     "analysis-subpackage": "import gated_qwen.analysis.measure\n",
     "gate-module-directly": "import gated_qwen.gating\n",
-    "checkpoint-formats-directly": "import gated_qwen.checkpoint_formats\n",
+    "checkpoint-reader-directly": "import gated_qwen.conversion.loading\n",
     "conversion-subpackage": "from gated_qwen.conversion import convert\nimport gated_qwen.conversion.release\n",
     "kernel-module-directly": "import gated_qwen.gated_attention_backend\n",
 }

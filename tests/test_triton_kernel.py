@@ -15,8 +15,8 @@ import torch
 pytest.importorskip("triton")
 
 from gated_qwen import gated_attention as tga
-from gated_qwen.gated_attention_naive import naive_gated_attention
 from gated_qwen.gated_attention import gated_attention
+from gated_qwen.gated_attention_naive import naive_gated_attention
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu" and not tga.INTERPRET:

@@ -1,39 +1,28 @@
 """gated-qwen: the gated attention of Qiu et al. (2025) as a Hugging Face Transformers model.
 
-Importing this package registers `model_type="gated_qwen"` (dense) and `"gated_qwen_moe"` (mixture of experts) with
-the Auto classes, so `AutoConfig`, `AutoModelForCausalLM` & co. read both kinds of folder, and gives PEFT its default
-LoRA targets.
+Importing this package registers `model_type="gated_qwen"` (dense) and `"gated_qwen_moe"` (mixture of experts)
+with Transformers; `register()` below is the one place that does so, and lists what is registered.
 
 The import itself is instant: neither torch nor Transformers is loaded until something needs them (the `gated-qwen`
 command answers `--help` without them). The registration runs as soon as it can: when a name of this package is
-first used (`gated_qwen.GatedQwenForCausalLM`), when Transformers is imported, or at once if Transformers already is.
-`register()` runs it explicitly; it is idempotent.
+first used (`gated_qwen.GatedQwenForCausalLM`), right after Transformers is imported, or at once if Transformers
+already is. `register()` runs it explicitly; it is idempotent.
 """
 
-import importlib
 import importlib.abc
 import sys
 
 __version__ = "0.1.0"
 
-# Public name -> the module of this package that defines it.
-_EXPORTS = {
-    "GatedQwenConfig": "configuration_gated",
-    "GatedQwenPreTrainedModel": "modeling_gated",
-    "GatedQwenModel": "modeling_gated",
-    "GatedQwenForCausalLM": "modeling_gated",
-    "GatedQwenForSequenceClassification": "modeling_gated",
-    "GatedQwenForTokenClassification": "modeling_gated",
-    "GatedQwenForQuestionAnswering": "modeling_gated",
-    "GatedQwenMoeConfig": "configuration_gated",
-    "GatedQwenMoePreTrainedModel": "modeling_gated_moe",
-    "GatedQwenMoeModel": "modeling_gated_moe",
-    "GatedQwenMoeForCausalLM": "modeling_gated_moe",
-    "GatedQwenMoeForSequenceClassification": "modeling_gated_moe",
-    "GatedQwenMoeForTokenClassification": "modeling_gated_moe",
-    "GatedQwenMoeForQuestionAnswering": "modeling_gated_moe",
-}
-__all__ = [*_EXPORTS, "register"]
+# The public names: those of the config and modeling modules (a test checks that the lists agree).
+__all__ = [
+    "GatedQwenConfig", "GatedQwenMoeConfig",
+    "GatedQwenPreTrainedModel", "GatedQwenModel", "GatedQwenForCausalLM", "GatedQwenForSequenceClassification",
+    "GatedQwenForTokenClassification", "GatedQwenForQuestionAnswering",
+    "GatedQwenMoePreTrainedModel", "GatedQwenMoeModel", "GatedQwenMoeForCausalLM",
+    "GatedQwenMoeForSequenceClassification", "GatedQwenMoeForTokenClassification", "GatedQwenMoeForQuestionAnswering",
+    "register",
+]
 
 # Modules of this package whose code is running right now. `register` imports the model's modules, which import
 # most of the package, so it runs only when none is half-way through its own import (the last one to finish runs it).
@@ -42,10 +31,15 @@ _registered = False
 
 
 def register() -> None:
-    """Registers GatedQwen, dense and mixture of experts, with Transformers' Auto classes (config, base model, causal
-    LM, sequence/token classification, question answering, each also for `trust_remote_code` folders through
-    `auto_map`), PEFT's default targets and the package's Hub card for `push_to_hub`. Runs once; later calls do
-    nothing."""
+    """Registers the package with Transformers and the libraries around it; runs once, later calls do nothing:
+
+    - the configs and models, dense and mixture of experts, with the Auto classes (config, base model, causal LM,
+      sequence/token classification, question answering), each also for `trust_remote_code` folders (`auto_map`);
+    - the reader of other checkpoint formats (`GatedQwenConfig.checkpoint_reader`: the paper's release, stock Qwen3 /
+      Qwen3-MoE, Qwen3.5 / Qwen3-Next), which the code a saved folder ships does not have;
+    - the push to the Hub with this package's model card (`GatedQwenPreTrainedModel.hub_push`);
+    - PEFT's default LoRA targets (a no-op without PEFT).
+    """
     global _registered
     if _registered:
         return
@@ -59,22 +53,25 @@ def register() -> None:
         AutoModelForTokenClassification,
     )
 
-    configuration = importlib.import_module(".configuration_gated", __name__)
+    from . import hub, modeling_gated, modeling_gated_moe
+    from .configuration_gated import GatedQwenConfig, GatedQwenMoeConfig
+    from .conversion.loading import READER
+    from .peft_defaults import register_peft_defaults
+
     heads = ("Model", "ForCausalLM", "ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering")
     autos = (AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoModelForTokenClassification,
              AutoModelForQuestionAnswering)
-    for prefix, module in (("GatedQwen", "modeling_gated"), ("GatedQwenMoe", "modeling_gated_moe")):
-        modeling = importlib.import_module(f".{module}", __name__)
-        config_class = getattr(configuration, f"{prefix}Config")
+    for config_class, modeling, prefix in ((GatedQwenConfig, modeling_gated, "GatedQwen"),
+                                           (GatedQwenMoeConfig, modeling_gated_moe, "GatedQwenMoe")):
         AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
         config_class.register_for_auto_class()
         for auto, head in zip(autos, heads, strict=True):
             model = getattr(modeling, f"{prefix}{head}")
             auto.register(config_class, model, exist_ok=True)
             model.register_for_auto_class(auto.__name__)
-    importlib.import_module(".peft_defaults", __name__).register_peft_defaults()  # a no-op without PEFT
-    dense = importlib.import_module(".modeling_gated", __name__).GatedQwenPreTrainedModel
-    importlib.import_module(".hub", __name__).install_card(dense)  # the mixture-of-experts classes inherit it
+    GatedQwenConfig.checkpoint_reader = READER  # the mixture of experts' config inherits it
+    modeling_gated.GatedQwenPreTrainedModel.hub_push = staticmethod(hub.push_to_hub)  # and its models
+    register_peft_defaults()
 
 
 def _register_when_possible(finished: str | None = None) -> None:
@@ -120,16 +117,21 @@ class _RegisterOnImport(importlib.abc.MetaPathFinder):
 
 
 def __getattr__(name: str):
-    if name not in _EXPORTS:
+    """The public classes, imported on first use (so that the command line needs neither torch nor Transformers)."""
+    if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    from . import configuration_gated, modeling_gated, modeling_gated_moe
+
     _register_when_possible()
-    globals()[name] = value
-    return value
+    for module in (configuration_gated, modeling_gated, modeling_gated_moe):
+        if name in module.__all__:
+            globals()[name] = getattr(module, name)
+            return globals()[name]
+    raise AttributeError(f"module {__name__!r} lists {name!r} but no module defines it")
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+    return sorted({*globals(), *__all__})
 
 
 if "transformers" in sys.modules:

@@ -9,16 +9,8 @@ or 1 (a conversion's verification failed; nothing was written). Set `GATED_QWEN_
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
-
-# Modules that define `register(subparsers)`: it adds one or more subcommands whose `func(args) -> int` runs them.
-COMMAND_MODULES = [
-    "gated_qwen.analysis.cli",
-    "gated_qwen.conversion.cli",
-    "gated_qwen.hub",
-]
 
 REFUSED = 2  # a bad input, flag or destination (argparse uses 2 for bad flags too)
 
@@ -38,8 +30,13 @@ def build_parser() -> argparse.ArgumentParser:
                "Nothing is written unless the status is 0.",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=Parser)
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(subparsers)
+    # Each module's `register(subparsers)` adds its subcommands, whose `func(args) -> int` runs them.
+    from . import hub
+    from .analysis import cli as analysis
+    from .conversion import cli as conversion
+
+    for module in (analysis, conversion, hub):
+        module.register(subparsers)
     return parser
 
 

@@ -16,27 +16,44 @@ from huggingface_hub.dataclasses import strict, validated_field
 from huggingface_hub.errors import StrictDataclassError
 from transformers.models.qwen3.configuration_qwen3 import Qwen3Config
 
-from .checkpoint_formats import GATED_MODEL_TYPES, gated_config_dict, legacy_moe_config_dict
-from .gating import ALIASES, DEFAULTS, FIELDS, POSITIONS, canonical_position
+from .gating import (
+    ACTIVATIONS,
+    ALIASES,
+    COMBINES,
+    DEFAULTS,
+    FIELDS,
+    GRANULARITIES,
+    POSITIONS,
+    SDPA_OUTPUT_TRANSFORMS,
+    canonical_position,
+    gate_parameters_per_layer,
+    gated_layers,
+)
 
 # What building or changing a config raises for a bad value: a strict-dataclass error (one field, or a rule across
 # fields) or a ValueError (an unknown gate field, a preset name).
 CONFIG_ERRORS = (ValueError, TypeError, StrictDataclassError)
 
-# The mixture-of-experts fields besides `num_experts` (Qwen3-MoE's names; `shared_expert_intermediate_size` is
-# Qwen3-Next's) and their defaults. Folders saved before GatedQwenMoeConfig existed hold them for dense models too,
-# with `num_experts=0` and these values, which GatedQwenConfig accepts and drops.
-MOE_DEFAULTS = {
-    "num_experts_per_tok": 8,
-    "moe_intermediate_size": 768,
-    "norm_topk_prob": False,
-    "decoder_sparse_step": 1,
-    "mlp_only_layers": None,
-    "shared_expert_intermediate_size": 0,
-    "router_aux_loss_coef": 0.001,
-    "router_z_loss_coef": 0.0,
-    "output_router_logits": False,
-}
+# This package's model types: dense, and mixture of experts.
+GATED_MODEL_TYPES = ("gated_qwen", "gated_qwen_moe")
+
+
+class CheckpointReader:
+    """What reads folders of other layouts (the paper's release, stock Qwen3 / Qwen3-MoE, Qwen3.5 / Qwen3-Next) as
+    GatedQwen models: the gated_qwen package installs one as `GatedQwenConfig.checkpoint_reader` (see
+    `gated_qwen.conversion.loading`); the code a saved folder ships has none, so remote code reads gated_qwen folders
+    only."""
+
+    def config_dict(self, config_dict: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The gated_qwen or gated_qwen_moe config.json of a folder whose config.json is `config_dict` (gate fields
+        taken out of `kwargs`, where they add a gate), or an error that says why it cannot be read."""
+        raise NotImplementedError
+
+    def from_pretrained(self, model_class, pretrained_model_name_or_path, *args, **kwargs):
+        """`model_class.from_pretrained(...)` for such a folder, with `output_loading_info`: `(model, loading info)`;
+        None for a gated_qwen folder."""
+        raise NotImplementedError
+
 
 # What a saved folder's config.json names for loading with `trust_remote_code=True` where the package is absent.
 AUTO_MAP = {
@@ -183,6 +200,8 @@ class GatedQwenConfig(Qwen3Config):
 
     model_type = "gated_qwen"
     default_auto_map: ClassVar[dict[str, str]] = AUTO_MAP
+    # Reads folders of other formats; installed by the gated_qwen package, None in a saved folder's remote code.
+    checkpoint_reader: ClassVar[CheckpointReader | None] = None
 
     # Qwen3's fields whose defaults differ here (the paper's 1.7B dense model), each checked when set.
     vocab_size: int = validated_field(_positive("vocab_size"), default=151936)
@@ -196,15 +215,16 @@ class GatedQwenConfig(Qwen3Config):
     tie_word_embeddings: bool = True
     use_qk_norm: bool = True
 
+    # The gate: each field accepts the values of the registry in gating.py (strict checks them as Literals).
     gate_position: str | None = validated_field(_gate_position, default="sdpa")
-    gate_granularity: Literal["elementwise", "headwise"] = DEFAULTS["gate_granularity"]
+    gate_granularity: Literal[GRANULARITIES] = DEFAULTS["gate_granularity"]
     gate_shared_across_heads: bool = DEFAULTS["gate_shared_across_heads"]
-    gate_combine: Literal["multiply", "add"] = DEFAULTS["gate_combine"]
-    gate_activation: Literal["sigmoid", "silu", "ns_sigmoid", "identity"] = DEFAULTS["gate_activation"]
+    gate_combine: Literal[tuple(COMBINES)] = DEFAULTS["gate_combine"]
+    gate_activation: Literal[tuple(ACTIVATIONS)] = DEFAULTS["gate_activation"]
     gate_input_dependent: bool = DEFAULTS["gate_input_dependent"]
     gate_bias: bool = DEFAULTS["gate_bias"]
     gate_layers: list[int] | None = validated_field(_layer_list("gate_layers", "every layer"), default=None)
-    sdpa_output_transform: Literal["rmsnorm", "silu"] | None = None
+    sdpa_output_transform: Literal[SDPA_OUTPUT_TRANSFORMS] | None = None
 
     base_model_pp_plan: ClassVar[dict[str, Any]] = {
         "embed_tokens": (["input_ids"], ["inputs_embeds"]),
@@ -216,7 +236,11 @@ class GatedQwenConfig(Qwen3Config):
         unknown = sorted(k for k in kwargs if k.startswith("gate_") or k.startswith("sdpa_output"))
         if unknown:
             raise ValueError(f"GatedQwenConfig got unknown gate field(s) {unknown}; the gate fields are {list(FIELDS)}.")
-        _drop_dense_moe_fields(kwargs)  # only a dense config receives these as extra arguments
+        if type(self) is GatedQwenConfig:  # a mixture-of-experts field given to the dense config
+            moe = [k for k in kwargs if k in GatedQwenMoeConfig.__dataclass_fields__
+                   and k not in GatedQwenConfig.__dataclass_fields__]
+            if moe:
+                raise ValueError(_dense_error(f"`{moe[0]}`={kwargs[moe[0]]!r}"))
         if getattr(self, "auto_map", None) is None and "auto_map" not in kwargs:
             self.auto_map = dict(self.default_auto_map)
         super().__post_init__(**kwargs)
@@ -226,46 +250,30 @@ class GatedQwenConfig(Qwen3Config):
             value = canonical_position(value)  # the validator has accepted the paper's names too
         elif name == "gate_layers" and isinstance(value, (list, tuple)):
             value = sorted(value)
-        elif name == "num_experts" and value and name not in self.__dataclass_fields__:
+        elif name == "num_experts" and name not in self.__dataclass_fields__:
             raise ValueError(_dense_error(f"`num_experts`={value!r}"))
         super().__setattr__(name, value)
 
     # ------------------------------------------------------------------------------- reading other formats
     @classmethod
     def get_config_dict(cls, pretrained_model_name_or_path, **kwargs):
-        """config.json of a GatedQwen folder of this model type, or of one in a format `checkpoint_formats.py` reads
-        (the paper's release, stock Qwen3 / Qwen3-MoE, Qwen3.5 text / Qwen3-Next with every layer full attention, a
-        mixture of experts saved before it had its own model type) turned into GatedQwen's fields. Gate fields among
-        `kwargs` add a gate to a stock Qwen3 / Qwen3-MoE model. A folder of the other GatedQwen model type (dense
-        read as a mixture of experts, or the reverse) is refused, naming the class that reads it."""
+        """config.json of a GatedQwen folder of this model type; with the gated_qwen package installed, also of a
+        folder in a format it reads (the paper's release, stock Qwen3 / Qwen3-MoE, Qwen3.5 text / Qwen3-Next with
+        every layer full attention), turned into GatedQwen's fields by its `CheckpointReader` (gate fields among
+        `kwargs` then add a gate to a stock Qwen3 / Qwen3-MoE model). A folder of the other GatedQwen model type
+        (dense read as a mixture of experts, or the reverse) is refused, naming the class that reads it."""
         config_dict, kwargs = super().get_config_dict(pretrained_model_name_or_path, **kwargs)
-        gate = None
         if config_dict.get("model_type") not in GATED_MODEL_TYPES:
-            gate = {name: kwargs.pop(name) for name in FIELDS if name in kwargs}
-        config_dict = gated_config_dict(config_dict, gate)
+            if cls.checkpoint_reader is None:
+                raise ValueError(
+                    f"{pretrained_model_name_or_path} has model_type {config_dict.get('model_type')!r}; this code reads "
+                    f"{' and '.join(repr(t) for t in GATED_MODEL_TYPES)} folders. Folders of other formats (the paper's "
+                    "release, stock Qwen3, Qwen3.5) are read by the gated_qwen package: pip install gated-qwen."
+                )
+            config_dict = cls.checkpoint_reader.config_dict(config_dict, kwargs)
         if config_dict["model_type"] != cls.model_type:
             raise ValueError(_model_type_error(cls, config_dict, str(pretrained_model_name_or_path)))
         return config_dict, kwargs
-
-    @classmethod
-    def from_dict(cls, config_dict: dict[str, Any], **kwargs):
-        """Transformers' `from_dict`; a mixture-of-experts dict (also one saved before mixture-of-experts models had
-        their own model type) read through GatedQwenConfig, as `AutoConfig` reads every folder whose model_type is
-        "gated_qwen", builds a GatedQwenMoeConfig. A dense dict read through GatedQwenMoeConfig is refused."""
-        config_dict = legacy_moe_config_dict(config_dict)
-        model_type = config_dict.get("model_type", cls.model_type)
-        if cls is GatedQwenConfig and model_type == GatedQwenMoeConfig.model_type:
-            return GatedQwenMoeConfig.from_dict(config_dict, **kwargs)
-        if model_type in GATED_MODEL_TYPES and model_type != cls.model_type:
-            raise ValueError(_model_type_error(cls, config_dict, "the config dict"))
-        return super().from_dict(config_dict, **kwargs)
-
-    def to_dict(self) -> dict[str, Any]:
-        # The format a folder was read from only tells `from_pretrained` how to read its tensors; what is saved is
-        # always this package's model type.
-        output = super().to_dict()
-        output.pop("_checkpoint_format", None)
-        return output
 
     # ------------------------------------------------------------------ rules across fields (`validate()`)
     def validate_architecture(self) -> None:
@@ -315,37 +323,6 @@ class GatedQwenConfig(Qwen3Config):
                 "already a learned constant logit. Set `gate_bias` to False."
             )
 
-    # ------------------------------------------------------------------------------------ derived sizes
-    @property
-    def gated_layers(self) -> list[int]:
-        """Indices of the layers that carry a gate (empty without a gate)."""
-        if self.gate_position is None:
-            return []
-        return list(range(self.num_hidden_layers)) if self.gate_layers is None else list(self.gate_layers)
-
-    @property
-    def gate_shape(self) -> tuple[int, int] | None:
-        """`(heads, width)` of one token's gate scores in a gated layer, or None without a gate: G1/G4 act on the
-        query heads, G2/G3 on the key/value heads, G5 on the hidden state (one "head"); head-shared gates have one
-        head, headwise gates width 1."""
-        if self.gate_position is None:
-            return None
-        heads = POSITIONS[self.gate_position].heads
-        if heads is None:
-            return 1, self.hidden_size
-        heads = 1 if self.gate_shared_across_heads else (
-            self.num_attention_heads if heads == "query" else self.num_key_value_heads)
-        return heads, self.head_dim if self.gate_granularity == "elementwise" else 1
-
-    def gate_parameters_per_layer(self) -> int:
-        """Parameters one gated layer adds: `hidden * heads * width` (+ bias) for an input-dependent gate."""
-        if self.gate_shape is None:
-            return 0
-        scores = self.gate_shape[0] * self.gate_shape[1]
-        if not self.gate_input_dependent:
-            return scores
-        return self.hidden_size * scores + (scores if self.gate_bias else 0)
-
     # ------------------------------------------------------------------------------------------- plans
     @property
     def base_model_tp_plan(self) -> dict[str, str]:
@@ -389,7 +366,7 @@ class GatedQwenConfig(Qwen3Config):
         moe = "num_experts" in PAPER_PRESETS[name]
         config = (GatedQwenMoeConfig if moe else GatedQwenConfig)(**{**PAPER_PRESETS[name], **overrides})
         if "intermediate_size" not in overrides and config.gate_position is not None and not moe:
-            added = config.gate_parameters_per_layer() * len(config.gated_layers)
+            added = gate_parameters_per_layer(config) * len(gated_layers(config))
             per_unit = 3 * config.hidden_size * config.num_hidden_layers  # gate, up and down rows of every MLP
             config.intermediate_size -= round(added / per_unit)
         return config
@@ -507,21 +484,6 @@ def _dense_error(what: str) -> str:
     return (f"{what} asks for a mixture of experts, which GatedQwenConfig (the dense model, model_type 'gated_qwen') "
             "does not have; use GatedQwenMoeConfig (model_type 'gated_qwen_moe') and the GatedQwenMoe* models, e.g. "
             "GatedQwenMoeForCausalLM.")
-
-
-def _drop_dense_moe_fields(kwargs: dict) -> None:
-    """Removes from a dense config's extra arguments the mixture-of-experts fields that folders saved before
-    GatedQwenMoeConfig existed hold (`num_experts=0` and `MOE_DEFAULTS`); refuses any other value of them."""
-    given = {k: kwargs.pop(k) for k in ("num_experts", *MOE_DEFAULTS) if k in kwargs}
-    if given.get("num_experts", 0):
-        raise ValueError(_dense_error(f"`num_experts`={given['num_experts']!r}"))
-    changed = {k: v for k, v in given.items() if k != "num_experts" and v != MOE_DEFAULTS[k]
-               and not (k == "mlp_only_layers" and v == [])}
-    if changed:
-        raise ValueError(
-            f"{', '.join(f'`{k}`={v!r}' for k, v in changed.items())} has no effect with `num_experts`=0 (a dense "
-            "model); for a mixture of experts use GatedQwenMoeConfig, or leave these out."
-        )
 
 
 def _model_type_error(cls, config_dict: dict, source: str) -> str:

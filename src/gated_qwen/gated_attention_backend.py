@@ -2,7 +2,7 @@
 kernel (`gated_attention.py`, which knows nothing about Transformers).
 
 The kernel applies the G1 sigmoid gate to its fp32 accumulator, so the attention module hands it the gate logits
-(this backend declares `fuses_output_gate`) instead of multiplying afterwards. Masks are FlashAttention-style (a 2-D
+(this backend is one of `gating.FUSED_GATE_BACKENDS`) instead of multiplying afterwards. Masks are FlashAttention-style (a 2-D
 padding mask or None); padding, DataCollatorWithFlattening's `cu_seq_lens_*` and packed `position_ids` become the
 kernel's varlen layout.
 
@@ -32,8 +32,9 @@ from transformers.modeling_utils import AttentionInterface
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, logging
 
-from .gated_attention_selfcheck import Combination, combination_of, self_check
 from .gated_attention import gated_attention, gated_attention_unsupported_reason, triton_available
+from .gated_attention_selfcheck import Combination, combination_of, self_check
+from .gating import FUSED_GATE_BACKENDS
 
 logger = logging.get_logger(__name__)
 
@@ -236,8 +237,8 @@ def gated_triton_attention_forward(
     return gated_attention(q, k, v, output_gate, causal=causal, scale=scaling), None
 
 
-gated_triton_attention_forward.fuses_output_gate = True
 AttentionInterface.register("gated_triton", gated_triton_attention_forward)
+FUSED_GATE_BACKENDS.add("gated_triton")
 AttentionMaskInterface.register("gated_triton", flash_attention_mask)  # without it padding would be ignored
 
 

@@ -14,9 +14,9 @@ import dataclasses
 
 import torch
 
+from .gated_attention import gated_attention
 from .gated_attention_common import INTERPRET
 from .gated_attention_naive import naive_gated_attention
-from .gated_attention import gated_attention
 
 # Bounds on max |kernel − reference| / max |reference| per tensor (reference in fp32 on the same rounded inputs).
 # Several times the errors the kernel's tests accept: the check exists to catch broken code, not rounding.

@@ -1,8 +1,9 @@
-"""The gate of Qiu et al. (2025), "Gated Attention for Large Language Models": its variants and the module.
+"""The gate of Qiu et al. (2025), "Gated Attention for Large Language Models": its variants, its geometry and the
+module.
 
 `Y' = combine(Y, act(X W))`, with X the hidden state after the pre-attention RMSNorm (the input of q/k/v). The
-paper varies five things, each a config value here; this registry lists them once for the config, the model, the
-conversions, the Hub card and the analysis:
+paper varies five things, each a config field; this registry lists their values once, for the config (which accepts
+exactly these), the model, the conversions, the Hub card and the analysis:
 
 | field                      | values                                                                     |
 |----------------------------|----------------------------------------------------------------------------|
@@ -13,7 +14,10 @@ conversions, the Hub card and the analysis:
 | `gate_activation`          | `ACTIVATIONS`: "sigmoid", "silu", "ns_sigmoid" (`0.5 + 0.5 sigmoid`), ...   |
 | `gate_input_dependent`     | False: a learned logit per score instead of `X W` (the paper's control)     |
 Without a gate, `sdpa_output_transform` selects one of the paper's non-gate controls on the attention output
-(`SDPA_OUTPUT_TRANSFORMS`).
+(`SDPA_OUTPUT_TRANSFORMS`). A new activation is one entry of `ACTIVATIONS`.
+
+The gate's geometry (`gated_layers`, `gate_shape`, `gate_parameters_per_layer`) is computed here from a config's
+fields; the config validates the fields and the rules across them.
 
 This file is copied to the Hugging Face Hub beside `modeling_gated.py`: relative imports only.
 """
@@ -93,9 +97,48 @@ def canonical_position(position):
     return position
 
 
+# Attention backends (names registered with Transformers' `AttentionInterface`) whose function applies the G1 sigmoid
+# gate in its epilogue: the attention module hands them the gate's logits as `output_gate` instead of multiplying
+# afterwards (`gated_attention_backend.py` adds "gated_triton"). Every other backend is given no gate.
+FUSED_GATE_BACKENDS: set[str] = set()
+
+
+def gated_layers(config) -> list[int]:
+    """Indices of the layers of `config` that carry a gate (empty without a gate)."""
+    if config.gate_position is None:
+        return []
+    return list(range(config.num_hidden_layers)) if config.gate_layers is None else list(config.gate_layers)
+
+
+def gate_shape(config) -> tuple[int, int] | None:
+    """`(heads, width)` of one token's gate scores in a gated layer of `config`, or None without a gate: G1/G4 act on
+    the query heads, G2/G3 on the key/value heads, G5 on the hidden state (one "head"); head-shared gates have one
+    head, headwise gates width 1."""
+    if config.gate_position is None:
+        return None
+    heads = POSITIONS[config.gate_position].heads
+    if heads is None:
+        return 1, config.hidden_size
+    heads = 1 if config.gate_shared_across_heads else (
+        config.num_attention_heads if heads == "query" else config.num_key_value_heads)
+    return heads, config.head_dim if config.gate_granularity == "elementwise" else 1
+
+
+def gate_parameters_per_layer(config) -> int:
+    """Parameters one gated layer of `config` adds: `hidden * heads * width` (+ bias) for an input-dependent gate,
+    `heads * width` learned logits otherwise, 0 without a gate."""
+    shape = gate_shape(config)
+    if shape is None:
+        return 0
+    scores = shape[0] * shape[1]
+    if not config.gate_input_dependent:
+        return scores
+    return config.hidden_size * scores + (scores if config.gate_bias else 0)
+
+
 def is_fusable(config) -> bool:
-    """Whether a gate with this config's fields is the G1 sigmoid product that an attention backend declaring
-    `fuses_output_gate` applies in its epilogue."""
+    """Whether a gate with this config's fields is the G1 sigmoid product that a backend of `FUSED_GATE_BACKENDS`
+    applies in its epilogue."""
     return (config.gate_position == "sdpa" and config.gate_combine == "multiply"
             and config.gate_activation == "sigmoid")
 
@@ -110,8 +153,10 @@ class GatedQwenGate(nn.Module):
     """The gate of one attention layer, or (without a gate) the paper's non-gate control on the attention output.
 
     Built from the config: `position` (None in an ungated layer), the projection `g_proj` (`[hidden] -> [heads *
-    width]`, rows laid out per head; see `GatedQwenConfig.gate_shape`) or, for the input-independent control, the
-    learned `logits` `[heads, width]` (zero-initialised: sigmoid 0.5), the activation and the combine rule.
+    width]`, rows laid out per head; see `gate_shape`) or, for the input-independent control, the
+    learned `logits` `[heads, width]` (zero-initialised: sigmoid 0.5), the activation and the combine rule. Its
+    tensors are `self_attn.gate.g_proj.*`, `self_attn.gate.logits` and `self_attn.gate.sdpa_norm.*`, on disk and in
+    memory.
 
     The attention module calls `logits = gate(x)` once (`x`: its input, `[B, S, hidden]`) and then
     `y = gate.apply(position, y, logits)` at every place a gate can act; `apply` changes `y` only at this gate's
@@ -121,11 +166,11 @@ class GatedQwenGate(nn.Module):
 
     def __init__(self, config, layer_idx: int):
         super().__init__()
-        self.position = config.gate_position if layer_idx in config.gated_layers else None
+        self.position = config.gate_position if layer_idx in gated_layers(config) else None
         self.transform = None if self.position is not None else config.sdpa_output_transform
         self.fusable = self.position is not None and is_fusable(config)
         if self.position is not None:
-            self.heads, self.width = config.gate_shape
+            self.heads, self.width = gate_shape(config)
             if config.gate_input_dependent:
                 self.g_proj = nn.Linear(config.hidden_size, self.heads * self.width, bias=config.gate_bias)
             else:

@@ -8,10 +8,12 @@ the sizes (the experts of a mixture of experts too), how to load the model with 
 citation.
 
 Publishing: `model.push_to_hub(repo_id)` uploads the weights, config.json (with `auto_map`) and the code files in
-one commit; when the revision it goes to (the branch, or the one a pull request starts from) has no card yet, that
-commit's README.md is this package's card (`install_card`), and a card already there is kept (push one with a licence
-or evaluation results first with `model_card(config, ...).push_to_hub(repo_id)`); a folder with its card goes up
-whole with `hf upload REPO_ID MODEL_DIR`. With `create_pr=True` or `revision="dev"` nothing reaches `main`.
+one commit, through `huggingface_hub` (`push_to_hub` below, which the package installs as the models' push). When
+the revision it goes to (the branch, or the one a pull request starts from) has no card yet, that commit's README.md
+is this package's card, and a card already there is kept with the push's tags added (push one with a licence or
+evaluation results first with `model_card(config, ...).push_to_hub(repo_id)`); a folder with its card goes up whole
+with `hf upload REPO_ID MODEL_DIR`. With `create_pr=True` or `revision="dev"` nothing reaches `main`. A model loaded
+as remote code, without the package, pushes with Transformers' generic card.
 
 Importing this module loads neither torch nor Transformers (the `gated-qwen card` parser is defined here).
 """
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import json
 import os
 from pathlib import Path
@@ -81,12 +82,13 @@ def count_parameters(config: GatedQwenConfig) -> tuple[int, int]:
     import torch
 
     from .configuration_gated import GatedQwenMoeConfig
+    from .gating import gate_parameters_per_layer, gated_layers
     from .modeling_gated import GatedQwenForCausalLM
     from .modeling_gated_moe import GatedQwenMoeForCausalLM
 
     with torch.device("meta"):
         model = (GatedQwenMoeForCausalLM if isinstance(config, GatedQwenMoeConfig) else GatedQwenForCausalLM)(config)
-    return model.num_parameters(), config.gate_parameters_per_layer() * len(config.gated_layers)
+    return model.num_parameters(), gate_parameters_per_layer(config) * len(gated_layers(config))
 
 
 def read_eval_results(path: str | os.PathLike) -> list[EvalResult]:
@@ -161,33 +163,39 @@ def model_card(
     )
 
 
-def install_card(model_class) -> None:
-    """Makes `push_to_hub` and `save_pretrained(push_to_hub=True)` of `model_class` (and its subclasses) commit this
-    package's card as the README.md of the model's own commit when the revision it goes to has no card yet (a card
-    already there is kept, as Transformers keeps it). Called once when the package registers the model; a model
-    loaded as remote code without the package keeps Transformers' generic card.
+def push_to_hub(model, repo_id: str, *, commit_message: str | None = None, commit_description: str | None = None,
+                private: bool | None = None, token: bool | str | None = None, revision: str | None = None,
+                create_pr: bool = False, max_shard_size: int | str | None = "50GB",
+                tags: list[str] | None = None):
+    """`model.push_to_hub(...)` (same arguments as Transformers'): creates the repository if needed, saves the model
+    into a temporary folder with its README.md (this package's card where the target revision has none, else the
+    card it has, in both cases with the model's and the push's tags) and uploads the folder in one commit to
+    `revision` (a branch created from `main` if new) or to a new pull request with `create_pr`. Returns the
+    `CommitInfo`."""
+    import tempfile
 
-    The hook is `_upload_modified_files`, the step where Transformers holds the folder it is about to upload (with
-    the README.md it wrote from `create_and_tag_model_card`) and the target revision together, right before the one
-    commit; the card replaces that README.md there, so it goes to the same branch or pull request as the weights."""
-    from huggingface_hub import ModelCard
+    from huggingface_hub import CommitOperationAdd, HfApi, ModelCard, hf_hub_download
 
-    upload = model_class._upload_modified_files
-    if getattr(upload, "gated_qwen_card", False):
-        return
-
-    @functools.wraps(upload)
-    def _upload_modified_files(self, working_dir, repo_id, *args, **kwargs):
-        readme = Path(working_dir) / "README.md"
-        if readme.is_file() and not target_has_card(repo_id, kwargs.get("revision"), kwargs.get("token")):
-            tags = ModelCard.load(readme).data.tags or []  # the model's and the caller's tags, kept
-            card = model_card(self.config, model_name=repo_id.split("/")[-1], repo_id=repo_id)
-            card.data.tags = [*TAGS, *(tag for tag in tags if tag not in TAGS)]
-            card.save(readme)
-        return upload(self, working_dir, repo_id, *args, **kwargs)
-
-    _upload_modified_files.gated_qwen_card = True
-    model_class._upload_modified_files = _upload_modified_files
+    api = HfApi(token=token)
+    repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
+    added = [*(model.model_tags or []), *([tags] if isinstance(tags, str) else tags or [])]
+    with tempfile.TemporaryDirectory() as folder:
+        model.save_pretrained(folder, max_shard_size=max_shard_size)
+        if target_has_card(repo_id, revision, token):
+            base = revision if revision and api.revision_exists(repo_id, revision) else None
+            card = ModelCard.load(hf_hub_download(repo_id, "README.md", revision=base, token=token))
+        else:
+            card = model_card(model.config, model_name=repo_id.split("/")[-1], repo_id=repo_id)
+        card.data.tags = list(dict.fromkeys([*(card.data.tags or []), *added]))
+        card.save(Path(folder) / "README.md")
+        if revision is not None and not revision.startswith("refs/pr"):
+            api.create_branch(repo_id, branch=revision, exist_ok=True)
+        files = sorted(path for path in Path(folder).rglob("*") if path.is_file())
+        return api.create_commit(
+            repo_id, [CommitOperationAdd(path_in_repo=path.relative_to(folder).as_posix(), path_or_fileobj=str(path))
+                      for path in files],
+            commit_message=commit_message or "Upload model", commit_description=commit_description,
+            revision=revision, create_pr=create_pr)
 
 
 def target_has_card(repo_id: str, revision: str | None = None, token: str | bool | None = None) -> bool:
@@ -211,8 +219,7 @@ def load_model_config(model_dir: str | os.PathLike) -> GatedQwenConfig:
     config_file = model_dir / "config.json"
     if not config_file.is_file():
         raise CardError(f"MODEL_DIR {str(model_dir)!r} has no config.json; give a folder written by save_pretrained.")
-    from .checkpoint_formats import GATED_MODEL_TYPES
-    from .configuration_gated import GatedQwenConfig
+    from .configuration_gated import GATED_MODEL_TYPES, GatedQwenConfig, GatedQwenMoeConfig
     from .outputs import read_json_object
 
     config_dict = read_json_object(config_file, "MODEL_DIR's config.json", CardError)
@@ -231,7 +238,8 @@ def load_model_config(model_dir: str | os.PathLike) -> GatedQwenConfig:
                else "config.json's auto_map does not name AutoModelForCausalLM")
             + ". Save the model again with `save_pretrained` after `import gated_qwen`, which writes both."
         )
-    return GatedQwenConfig.from_dict(config_dict)  # a GatedQwenMoeConfig for a mixture of experts
+    moe = config_dict["model_type"] == GatedQwenMoeConfig.model_type
+    return (GatedQwenMoeConfig if moe else GatedQwenConfig).from_dict(config_dict)
 
 
 def write_card(

@@ -6,19 +6,22 @@ eager attention, the attention projections) it imports with their Hub-kernel hoo
 `GatedQwenGate` (gating.py), which the attention module calls at each place a gate can act. Every variant of the
 paper is a config value. This is the dense model; the mixture of experts (`modeling_gated_moe.py`) builds on it.
 
+Checkpoints hold exactly the model's own tensor names (the gate's `self_attn.gate.*` included): a gated_qwen folder
+loads with no conversion. Folders of other formats are read by the gated_qwen package's checkpoint reader
+(`GatedQwenConfig.checkpoint_reader`, see `gated_qwen.conversion`), which this file does not contain.
+
 This file is copied to the Hugging Face Hub beside `configuration_gated.py`, `gating.py`, the `gated_triton`
 attention backend and the Triton kernel it drives: relative imports only, Triton only behind a guard.
 """
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
-from transformers.conversion_mapping import register_checkpoint_conversion_mapping
-from transformers.core_model_loading import WeightRenaming
 from transformers.generation import GenerationMixin
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 from transformers.modeling_layers import (
@@ -43,10 +46,9 @@ from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
-from .checkpoint_formats import CHECKPOINT_CONVERSIONS, LOAD_ERROR
 from .configuration_gated import GatedQwenConfig
 from .gated_attention_backend import gated_triton_is_default  # registers attn_implementation="gated_triton"
-from .gating import GatedQwenGate
+from .gating import FUSED_GATE_BACKENDS, GatedQwenGate
 
 
 class GatedQwenRMSNorm(Qwen3RMSNorm):
@@ -68,8 +70,8 @@ class GatedQwenAttention(Qwen3Attention):
     `self.gate` (a `GatedQwenGate`) computes its logits from this module's input (the hidden state after the
     pre-attention RMSNorm, the tensor that feeds q/k/v) and acts at `config.gate_position`: on q, k or v right after
     their projections (G4, G3, G2), on the attention output per head (G1, "sdpa") or on `o_proj`'s output (G5,
-    "dense"). An attention backend whose function carries `fuses_output_gate = True` receives the G1 sigmoid gate's
-    logits as `output_gate` and applies them itself. `use_qk_norm=False` drops QK-norm (the paper's released code
+    "dense"). An attention backend of `gating.FUSED_GATE_BACKENDS` receives the G1 sigmoid gate's logits as
+    `output_gate` and applies them itself. `use_qk_norm=False` drops QK-norm (the paper's released code
     makes it optional).
     """
 
@@ -109,7 +111,7 @@ class GatedQwenAttention(Qwen3Attention):
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
-        fused = self.gate.fusable and getattr(attention_interface, "fuses_output_gate", False)
+        fused = self.gate.fusable and self.config._attn_implementation in FUSED_GATE_BACKENDS
         if fused:
             kwargs["output_gate"] = gate_logits.expand(*input_shape, query_states.shape[1], self.gate.width)
 
@@ -213,6 +215,9 @@ class GatedQwenPreTrainedModel(PreTrainedModel):
         "hidden_states": GatedQwenDecoderLayer,
         "attentions": GatedQwenAttention,
     }
+    # The push with this package's model card (`gated_qwen.hub.push_to_hub`), installed by the package; None in a
+    # saved folder's remote code, which pushes as Transformers does.
+    hub_push: ClassVar[Callable | None] = None
 
     def __init__(self, config: GatedQwenConfig, *inputs, **kwargs):
         if config.model_type != self.config_class.model_type:  # e.g. a mixture of experts given to a dense class
@@ -227,31 +232,38 @@ class GatedQwenPreTrainedModel(PreTrainedModel):
         self.model_tags = ["gated-attention", "custom_code"]
 
     @classmethod
-    def from_pretrained(cls, *args, **kwargs):
-        """Transformers' `from_pretrained`, which also reads the paper's release, stock Qwen3 / Qwen3-MoE and
-        Qwen3.5 / Qwen3-Next folders (see `GatedQwenConfig.get_config_dict`; a mixture of experts only through the
-        GatedQwenMoe* classes), refusing a folder that lacks a gate tensor its config has rather than starting that
-        gate at random. The loaded model saves in this package's format."""
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """Transformers' `from_pretrained`; with the gated_qwen package installed it also reads the paper's release,
+        stock Qwen3 / Qwen3-MoE and Qwen3.5 / Qwen3-Next folders (`GatedQwenConfig.checkpoint_reader`; a mixture of
+        experts only through the GatedQwenMoe* classes). A folder that lacks a gate tensor its config has, or holds
+        one of another shape (even with `ignore_mismatched_sizes=True`), is refused rather than starting that gate
+        at random. The loaded model saves in this package's format."""
         wants_info = kwargs.get("output_loading_info", False)
-        token = LOAD_ERROR.set(None)
-        try:
-            model, info = super().from_pretrained(*args, **{**kwargs, "output_loading_info": True})
-        except RuntimeError:
-            if LOAD_ERROR.get() is None:
-                raise
-            raise LOAD_ERROR.get() from None  # the reason, not Transformers' "see the report above"
-        finally:
-            LOAD_ERROR.reset(token)
-        missing = sorted(name for name in info["missing_keys"] if ".self_attn.gate." in name)
-        if missing:
+        kwargs["output_loading_info"] = True
+        reader = cls.config_class.checkpoint_reader
+        loaded = reader.from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs) if reader else None
+        model, info = loaded or super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        not_loaded = sorted(name for name in [*info["missing_keys"], *(key[0] if isinstance(key, tuple) else key
+                                                                       for key in info["mismatched_keys"])]
+                            if ".self_attn.gate." in name)
+        if not_loaded:
+            missing = not_loaded[0] in info["missing_keys"]
             raise ValueError(
-                f"the checkpoint has no tensor for {missing[0]}" + (f" (and {len(missing) - 1} more gate tensors)"
-                if len(missing) > 1 else "") + f", yet its config has a gate (gate_position="
-                f"{model.config.gate_position!r}); refusing to start that gate at random. Load the folder with the "
-                "config it was saved with, or pass gate fields only to add a gate to a stock Qwen3 folder."
+                f"the checkpoint has {'no tensor' if missing else 'a tensor of another shape'} for {not_loaded[0]}"
+                + (f" (and {len(not_loaded) - 1} more gate tensors)" if len(not_loaded) > 1 else "")
+                + f", yet its config has a gate (gate_position={model.config.gate_position!r}); refusing to start "
+                "that gate at random. Load the folder with the config it was saved with, or pass gate fields only to "
+                "add a gate to a stock Qwen3 folder."
             )
-        model._weight_conversions = None  # save with the registered mapping: the gated_qwen layout
         return (model, info) if wants_info else model
+
+    def push_to_hub(self, repo_id: str, **kwargs):
+        """Transformers' `push_to_hub` (same arguments); with the gated_qwen package installed the push goes through
+        `gated_qwen.hub.push_to_hub` (`hub_push`), whose README.md is this package's model card where the revision
+        pushed to has none yet."""
+        if self.hub_push is None:
+            return super().push_to_hub(repo_id, **kwargs)
+        return self.hub_push(self, repo_id, **kwargs)
 
     def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
         if requested_attention is None and gated_triton_is_default(self.config):
@@ -403,22 +415,6 @@ class GatedQwenForTokenClassification(GenericForTokenClassification, GatedQwenPr
 
 class GatedQwenForQuestionAnswering(GenericForQuestionAnswering, GatedQwenPreTrainedModel):
     pass
-
-
-# Checkpoint names (what `save_pretrained` writes and `from_pretrained` reads): the gate's tensors keep the names
-# they have always had in gated_qwen folders, `self_attn.g_proj.*`, `self_attn.gate_logits` and
-# `self_attn.sdpa_norm.*`, while the model holds them in `self_attn.gate`; folders of other formats (the paper's
-# release, stock Qwen3, Qwen3.5, see checkpoint_formats.py) are read through converters that leave a gated_qwen
-# folder's tensors as they are. Transformers applies these when loading and reverses them when saving; custom-code
-# models get them only when registered like this. The mixture of experts registers them too, with its experts'.
-GATE_RENAMINGS = [
-    WeightRenaming(r"self_attn\.g_proj\.", "self_attn.gate.g_proj."),
-    WeightRenaming(r"self_attn\.gate_logits", "self_attn.gate.logits"),
-    WeightRenaming(r"self_attn\.sdpa_norm\.", "self_attn.gate.sdpa_norm."),
-]
-register_checkpoint_conversion_mapping(
-    GatedQwenConfig.model_type, [*GATE_RENAMINGS, *CHECKPOINT_CONVERSIONS], overwrite=True
-)
 
 
 __all__ = [

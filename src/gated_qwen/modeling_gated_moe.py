@@ -38,10 +38,8 @@ from transformers.utils import TransformersKwargs, can_return_tuple
 from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.output_capturing import OutputRecorder
 
-from .checkpoint_formats import CHECKPOINT_CONVERSIONS
 from .configuration_gated import GatedQwenMoeConfig
 from .modeling_gated import (
-    GATE_RENAMINGS,
     GatedQwenDecoderLayer,
     GatedQwenModel,
     GatedQwenPreTrainedModel,
@@ -271,14 +269,11 @@ class GatedQwenMoeForQuestionAnswering(GenericForQuestionAnswering, GatedQwenMoe
     pass
 
 
-# Checkpoint names: the dense model's gate renamings and readers of other formats (see modeling_gated.py), and
-# Qwen3-MoE's experts, stored one by one (`mlp.experts.{e}.{gate,up,down}_proj.weight`) as on the Hub and stacked
-# when loaded.
+# Checkpoint names: Qwen3-MoE's, with its experts stored one by one (`mlp.experts.{e}.{gate,up,down}_proj.weight`) as
+# on the Hub, stacked when loaded and unstacked when saved (Transformers' own conversion for Qwen3-MoE). Custom-code
+# models get a conversion only when it is registered like this.
 register_checkpoint_conversion_mapping(
-    GatedQwenMoeConfig.model_type,
-    [*GATE_RENAMINGS, *get_checkpoint_conversion_mapping("qwen3_moe"), *CHECKPOINT_CONVERSIONS],
-    overwrite=True,
-)
+    GatedQwenMoeConfig.model_type, get_checkpoint_conversion_mapping("qwen3_moe"), overwrite=True)
 
 
 __all__ = [

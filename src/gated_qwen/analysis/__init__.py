@@ -9,15 +9,13 @@
 The names below are imported on first use, so that the command line can load `cli` without the model stack.
 """
 
-import importlib
-
-_EXPORTS = {"BigramBackcopy": "data", "SyntheticLanguage": "data", "analyze": "measure",
-            "first_token_attention": "measure", "mean_nll": "measure", "perplexity_by_length": "measure",
-            "with_yarn": "measure"}
-__all__ = list(_EXPORTS)
+__all__ = ["BigramBackcopy", "SyntheticLanguage", "analyze", "first_token_attention", "mean_nll",
+           "perplexity_by_length", "with_yarn"]
 
 
 def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from . import data, measure
+
+    return getattr(data if hasattr(data, name) else measure, name)

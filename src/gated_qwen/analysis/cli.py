@@ -108,14 +108,16 @@ def _load_model(path: str, dtype: str, device: str):
     import torch
     from transformers import PreTrainedConfig
 
-    from .. import GatedQwenForCausalLM, GatedQwenMoeForCausalLM
-    from ..checkpoint_formats import gated_config_dict
+    from .. import GatedQwenConfig, GatedQwenForCausalLM, GatedQwenMoeForCausalLM
+    from ..configuration_gated import GATED_MODEL_TYPES
 
     if not (Path(path) / "config.json").is_file():
         raise ValueError(f"MODEL {path!r} is not a model folder (no config.json); pass a folder written by "
                          "save_pretrained.")
     config_dict, _ = PreTrainedConfig.get_config_dict(path)
-    moe = gated_config_dict(config_dict)["model_type"] == GatedQwenMoeForCausalLM.config_class.model_type
+    if config_dict.get("model_type") not in GATED_MODEL_TYPES:  # another format: its GatedQwen config
+        config_dict = GatedQwenConfig.checkpoint_reader.config_dict(config_dict, {})
+    moe = config_dict["model_type"] == GatedQwenMoeForCausalLM.config_class.model_type
     causal_lm = GatedQwenMoeForCausalLM if moe else GatedQwenForCausalLM
     model = causal_lm.from_pretrained(path, dtype=getattr(torch, dtype), attn_implementation="sdpa")
     return model.to(device).eval()

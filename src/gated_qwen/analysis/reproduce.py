@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from ..gating import gate_parameters_per_layer, gated_layers
 from .data import CORPORA, HELDOUT_SEED, BigramBackcopy, SyntheticLanguage
 from .measure import analyze, first_token_attention_per_query, mean_nll, perplexity_by_length
 from .plots import moving_average
@@ -224,7 +225,7 @@ def _train_and_measure_quietly(preset: Preset, variant: str, learning_rate: floa
         "learning_rate": learning_rate,
         "seed": seed,
         "parameters": sum(p.numel() for p in model.parameters()),
-        "gate_parameters": model.config.gate_parameters_per_layer() * len(model.config.gated_layers),
+        "gate_parameters": gate_parameters_per_layer(model.config) * len(gated_layers(model.config)),
         "train_loss": losses,
         "grad_norm": [float(entry.get("grad_norm", math.nan)) for entry in history],
         "final_train_loss": sum(losses[-SPIKE_WINDOW:]) / len(losses[-SPIKE_WINDOW:]),

@@ -6,17 +6,18 @@ GatedQwen checkpoint. Formats:
 - `"release"`: the paper's released checkpoints (`QwQZh/gated_attention`), gate rows packed in `q_proj` per kv
   group (see `release.py`); both directions, byte-identical round trip.
 - `"qwen3"`: stock Transformers Qwen3 -> GatedQwen, without a gate (exact) or with `add_gate=VARIANT` initialised
-  so that the logits do not change (`checkpoint_formats.added_gate_init` says what is done per variant).
+  so that the logits do not change (`qwen3.added_gate_init` says what is done per variant).
 - `"qwen3_5"`: GatedQwen <-> Transformers' Qwen3.5 text model with every layer full attention; the import also
   reads Qwen3-Next checkpoints that are attention-only and dense.
 - `"qwen3_moe"`: stock Transformers Qwen3-MoE -> GatedQwen-MoE (model_type `gated_qwen_moe`), without a gate or with
-  `add_gate` as for `"qwen3"` (see `qwen3_moe.py`).
+  `add_gate` as for `"qwen3"` (see `qwen3.py`).
 - `"qwen3_next"`: GatedQwen (G1 sigmoid gate), or GatedQwen-MoE with a shared expert, <-> Qwen3-Next with every layer
-  full attention, dense or mixture-of-experts (see `qwen3_next.py`).
+  full attention, dense or mixture-of-experts (see `qwen3_5.py`).
 
 The formats are a registry (`formats.py`) from which `FROM_FORMATS`, `TO_FORMATS` and the command line's choices
-come. The layouts and config translations that `from_pretrained` reads too are defined once, in
-`gated_qwen.checkpoint_formats`; its refusals reach the caller as `ConversionError`s that name the format flag. Every conversion streams tensors (one output shard in memory at a time), writes sharded safetensors with an
+come; each format is described once (`rules.py`: its config translation and per-tensor rules) in its module, and the
+same description is what `from_pretrained` reads such a folder with (`loading.py`). Its refusals reach the caller as
+`ConversionError`s that name the format flag. Every conversion streams tensors (one output shard in memory at a time), writes sharded safetensors with an
 index, shows progress, and writes `dst` through `gated_qwen.outputs` (refused when it is, contains or lies inside
 `src`; built in a staging folder beside it and renamed into place only when complete; an existing `dst` replaced
 only with `overwrite=True`). Pickled `.bin` weights are read only with `allow_pickle=True`. Whatever `verify` says,
@@ -36,7 +37,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..outputs import OutputError, clean_stale, output_folder, say
-from .errors import ConversionError, VerificationError
+from .errors import CheckpointFormatError, ConversionError, VerificationError
 from .formats import FORMATS, FROM_FORMATS, TO_FORMATS
 from .verify import VERIFY_MAX_PARAMETERS, VERIFY_RTOL
 
@@ -63,10 +64,8 @@ def _write_config(config, folder: Path, kind: str) -> None:
 
 @contextmanager
 def _refusals_as_conversion_errors(flag: str) -> Iterator[None]:
-    """The destination's refusals (`gated_qwen.outputs`) and those of the layouts shared with `from_pretrained`
-    (`checkpoint_formats`, named with the format `flag`) raised as the ConversionError that `convert` promises."""
-    from ..checkpoint_formats import CheckpointFormatError
-
+    """The destination's refusals (`gated_qwen.outputs`) and the formats' (named with the format `flag`) raised as
+    the ConversionError that `convert` promises."""
     try:
         yield
     except OutputError as error:
@@ -75,19 +74,32 @@ def _refusals_as_conversion_errors(flag: str) -> Iterator[None]:
         raise ConversionError(f"{flag}: {error}") from None
 
 
-def _plan(fmt, export: bool, ckpt, add_gate):
-    """The format's planner, with a config.json whose values the config classes refuse reported as such."""
+def _plan(name: str, export: bool, ckpt, add_gate):
+    """`(config to write, plan)` of format `name`'s import or export, with a config.json whose values the config
+    classes refuse reported as such."""
     from huggingface_hub.errors import StrictDataclassError
 
-    from ..checkpoint_formats import CheckpointFormatError
+    from .formats import description
+    from .plans import gated_config, plan_import
+    from .qwen3 import parse_gate, source_dtype
 
-    planner = fmt.planner(export)
+    fmt = description(name)
     try:
-        return planner(ckpt, add_gate) if fmt.takes_gate and not export else planner(ckpt)
+        if export:
+            return fmt.export(ckpt)
+        reads = FORMATS[name].reads
+        if ckpt.config.get("model_type") not in reads:
+            raise ConversionError(f"SRC has model_type={ckpt.config.get('model_type')!r}; `--from {name}` reads "
+                                  f"model_type {' or '.join(repr(t) for t in reads)}.")
+        config = gated_config(fmt.config_fields(ckpt.config, parse_gate(add_gate) if add_gate is not None else None))
+        config.dtype = source_dtype(ckpt.config)
+        if fmt.check is not None:
+            fmt.check(ckpt.config, config, {tensor: info.shape for tensor, info in ckpt.tensors.items()})
+        return config, plan_import(fmt, ckpt, config)
     except (ConversionError, CheckpointFormatError):
         raise
     except (StrictDataclassError, ValueError, TypeError) as error:
-        direction = f"a {fmt.name} checkpoint" if not export else "a gated_qwen checkpoint"
+        direction = f"a {name} checkpoint" if not export else "a gated_qwen checkpoint"
         raise ConversionError(
             f"SRC's config.json is not a valid config of {direction}: {' '.join(str(error).split())}"
         ) from None
@@ -121,11 +133,9 @@ def convert(
     if name not in choices:
         raise ConversionError(f"{'--to' if export else '--from'} {name!r} is not a format; choose one of "
                               f"{', '.join(choices)}.")
-    fmt = FORMATS[name]
-    if add_gate is not None and (export or not fmt.takes_gate):
+    if add_gate is not None and (export or not FORMATS[name].takes_gate):
         gated = " and ".join(f"`--from {f}`" for f in FROM_FORMATS if FORMATS[f].takes_gate)
         raise ConversionError(f"--add-gate applies to {gated} only (stock checkpoints without a gate).")
-    from ..checkpoint_formats import legacy_moe_config_dict
     from .io import Checkpoint, carry_files, parse_size, write_weights
     from .structure import check_plan, check_source, check_written
 
@@ -134,12 +144,9 @@ def convert(
     flag = f"{'--to' if export else '--from'} {name}"
     with _refusals_as_conversion_errors(flag), output_folder(dst, inputs=[src], overwrite=overwrite, label="DST") as tmp:
         ckpt = Checkpoint(src, allow_pickle=allow_pickle)
-        out_config, plan = _plan(fmt, export, ckpt, add_gate)
-        if export:  # a mixture of experts saved before it had its own model type is a gated_qwen_moe
-            src_kind = legacy_moe_config_dict(ckpt.config)["model_type"]
-        else:
-            src_kind = "release" if name == "release" else ckpt.config["model_type"]
-        result_kind = fmt.writes if export else out_config.model_type  # gated_qwen or gated_qwen_moe
+        out_config, plan = _plan(name, export, ckpt, add_gate)
+        src_kind = "release" if name == "release" and not export else ckpt.config["model_type"]
+        result_kind = FORMATS[name].writes if export else out_config.model_type  # gated_qwen or gated_qwen_moe
         check_source(ckpt, src_kind)
         if verify is None:
             verify = ckpt.parameter_count <= VERIFY_MAX_PARAMETERS
@@ -161,7 +168,7 @@ def convert(
             say(f"verified: logits agree to {error:.2g} (max |difference| / max(1, max |logit|); tolerance "
                 f"{VERIFY_RTOL:g})")
     if add_gate is not None:
-        from ..checkpoint_formats import A7_NOTE
+        from .qwen3 import A7_NOTE
 
         say(A7_NOTE)
     say(f"wrote {dst} ({result_kind}, {len(plan)} tensors)")
@@ -183,6 +190,6 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "convert", "clean", "ConversionError", "VerificationError", "Checkpoint", "FORMATS", "FROM_FORMATS", "TO_FORMATS",
-    "VERIFY_MAX_PARAMETERS", "VERIFY_RTOL",
+    "convert", "clean", "CheckpointFormatError", "ConversionError", "VerificationError", "Checkpoint", "FORMATS",
+    "FROM_FORMATS", "TO_FORMATS", "VERIFY_MAX_PARAMETERS", "VERIFY_RTOL",
 ]

@@ -1,5 +1,10 @@
-"""The conversion's two errors (standard library only, so the command line can name them without the model stack).
-The command line prints either as one line: `ConversionError` exits with 2 (refused), `VerificationError` with 1."""
+"""The conversion's errors (standard library only, so the command line can name them without the model stack).
+The command line prints each as one line: `ConversionError` exits with 2 (refused), `VerificationError` with 1."""
+
+
+class CheckpointFormatError(ValueError):
+    """A config.json or tensor of another format that GatedQwen cannot read as a model it computes, whether
+    `from_pretrained` or `gated-qwen convert` reads it; the message says why and what would work."""
 
 
 class ConversionError(ValueError):

@@ -1,44 +1,41 @@
-"""GatedQwen <-> Transformers' Qwen3.5 text model (`Qwen3_5ForCausalLM`, model_type `qwen3_5_text`), and import
-from Qwen3-Next (`qwen3_next`).
+"""Transformers' Qwen3.5 text model (`Qwen3_5ForCausalLM`, model_type `qwen3_5_text`) and Qwen3-Next
+(`Qwen3NextForCausalLM`, `qwen3_next`) with every layer full attention.
 
 Qwen3.5's full-attention layer is a Qwen3 attention with the G1 elementwise sigmoid gate: `q_proj` has 2·H·D rows,
-viewed per head as `[q_h (D rows) | gate_h (D rows)]`, and `attn * sigmoid(gate)` is applied before `o_proj`. Its
-differences from GatedQwen are in the format, not the function:
+viewed per head as `[q_h (D rows) | gate_h (D rows)]`, and `attn * sigmoid(gate)` is applied before `o_proj`.
+Qwen3-Next is the same attention with Qwen3-MoE's router and experts plus a shared expert scaled by
+`sigmoid(shared_expert_gate(x))`: with `shared_expert_intermediate_size` set, GatedQwen-MoE computes it exactly, and
+its MLP tensors have the same names and on-disk layout, so they pass through. The differences are in the format, not
+the function:
 
 - Every RMSNorm (input_layernorm, post_attention_layernorm, the final norm, q_norm and k_norm) computes
-  `x̂ · (1 + w)`: weights are stored zero-centred, so export subtracts 1 and import adds 1. 16-bit norm weights are
-  written in float32 so that the shift loses nothing.
+  `x̂ · (1 + w)`: weights are stored zero-centred, so import adds 1 and export subtracts 1, in float32 (16-bit norm
+  weights are written in float32 so that the shift loses nothing).
 - RoPE covers `partial_rotary_factor` of each head (stored in `rope_parameters`, default 0.25): export writes 1.0,
   import requires 1.0.
 - `layer_types` may mix `linear_attention` (Gated DeltaNet) and `full_attention`: export writes all
   `full_attention`, import requires that.
 - `attention_bias` puts a bias on q (gate rows included), k, v and o together; missing biases are written as zeros.
+- Multi-token-prediction heads (`mtp.*`) are not part of the causal LM: left out, as the stock classes do.
 
 Export covers every G1 sigmoid multiplicative gate exactly: headwise and head-shared gates are repeated over the
 elements / heads they share; layers without a gate and input-independent gates become zero gate rows (sigmoid 0.5)
-with o_proj's columns multiplied by 2·(gate value). Other gates are refused with the reason. Import gives a G1
-elementwise sigmoid GatedQwen. Qwen3-Next differs from Qwen3.5 only by its mixture-of-experts MLP; a Qwen3-Next
-checkpoint whose layers are all full attention with the dense MLP (`mlp_only_layers` covering every layer, or
-`num_experts=0`) imports the same way; its MoE layers are refused. The layouts (`split_heads` / `interleave_heads`,
-`from_zero_centred` / `to_zero_centred`) and the import's config (`qwen3_5_config_fields`, with its refusals) are
-those of `checkpoint_formats`, which `from_pretrained` reads such folders with.
+with o_proj's columns multiplied by 2·(gate value). Other gates are refused with the reason. Qwen3-Next's sparse
+layers always have a shared expert, so a GatedQwen-MoE exports to it only with one. Import gives a G1 elementwise
+sigmoid GatedQwen (a GatedQwen-MoE for a Qwen3-Next with experts); `--from qwen3_5` refuses mixture-of-experts
+layers, naming `--from qwen3_next`. Qwen3-Next has no router z-loss: `router_z_loss_coef` is not carried over.
 """
 
 from __future__ import annotations
 
-from ..checkpoint_formats import (
-    QWEN3_FIELDS,
-    from_zero_centred,
-    interleave_heads,
-    moe_layers,
-    qwen3_5_config_fields,
-    qwen3_5_q_rows_error,
-    source_dtype,
-    split_heads,
-    to_zero_centred,
-)
-from ..configuration_gated import GatedQwenConfig
-from .common import (
+import copy
+
+import torch
+
+from ..configuration_gated import GatedQwenConfig, GatedQwenMoeConfig
+from .errors import CheckpointFormatError, ConversionError
+from .io import Checkpoint, TensorPlan
+from .plans import (
     FINAL_NORM,
     LAYER_NORMS,
     TensorMap,
@@ -46,15 +43,125 @@ from .common import (
     copy_rest,
     g1_gate_rows,
     load_gated_config,
+    norm_dtype,
     shifted_norm,
     zeros,
 )
-from .io import Checkpoint, ConversionError, TensorPlan
-
-IMPORT_MODEL_TYPES = ("qwen3_5_text", "qwen3_next")
-IGNORED_PREFIXES = ("mtp.",)  # multi-token-prediction heads: not part of the causal LM (stock classes skip them too)
+from .qwen3 import MOE_FIELDS, QWEN3_FIELDS, source_dtype
+from .rules import Context, FormatDescription, TensorRule
 
 
+def interleave_heads(queries: torch.Tensor, gates: torch.Tensor, heads: int) -> torch.Tensor:
+    """`queries, gates: [H*D, ...]` -> Qwen3.5 `q_proj` rows `[H*2D, ...]`, per head `[q_h | gate_h]`."""
+    rest = queries.shape[1:]
+    return torch.cat([queries.view(heads, -1, *rest), gates.view(heads, -1, *rest)], dim=1).reshape(-1, *rest)
+
+
+def split_heads(packed: torch.Tensor, heads: int, part: int) -> torch.Tensor:
+    """Qwen3.5 `q_proj` rows `[H*2D, ...]` -> the queries `[H*D, ...]` (`part=0`) or the gates `[H*D, ...]`
+    (`part=1`)."""
+    return packed.view(heads, 2, -1, *packed.shape[1:])[:, part].reshape(-1, *packed.shape[1:])
+
+
+def from_zero_centred(weight: torch.Tensor) -> torch.Tensor:
+    """A Qwen3.5 / Qwen3-Next RMSNorm weight `[dim]` (the norm computes `x̂·(1 + w)`) -> GatedQwen's (`x̂·w`):
+    `w + 1`, computed in float32 (and kept there for 16-bit weights). `to_zero_centred` is its inverse."""
+    return (weight.float() + 1).to(norm_dtype(weight.dtype))
+
+
+def to_zero_centred(weight: torch.Tensor) -> torch.Tensor:
+    """GatedQwen's RMSNorm weight `[dim]` -> Qwen3.5's zero-centred one: `w - 1` (the inverse of
+    `from_zero_centred`)."""
+    return weight - 1
+
+
+def moe_layers(layers: int, num_experts: int, mlp_only_layers: list[int] | None, sparse_step: int) -> list[int]:
+    """The mixture-of-experts layers of a Qwen3-MoE / Qwen3-Next config (none with `num_experts=0`)."""
+    dense = set(mlp_only_layers or [])
+    return [i for i in range(layers) if num_experts and i not in dense and (i + 1) % sparse_step == 0]
+
+
+# ------------------------------------------------------------------------------------------------------ import
+def qwen3_5_config_fields(cfg: dict, gate: dict | None = None) -> dict:
+    """GatedQwenConfig fields (G1 elementwise sigmoid gate) of a Qwen3.5 text or Qwen3-Next config.json whose
+    layers are all full attention with RoPE on the whole head; Qwen3-Next's experts come along."""
+    from transformers import Qwen3_5TextConfig, Qwen3NextConfig
+
+    model_type = cfg.get("model_type")
+    if model_type == "qwen3_5":
+        raise CheckpointFormatError(
+            "the folder is a Qwen3.5 vision-language checkpoint (model_type 'qwen3_5'); use its text model "
+            "(model_type 'qwen3_5_text', e.g. saved from Qwen3_5ForCausalLM)."
+        )
+    cls = Qwen3_5TextConfig if model_type == "qwen3_5_text" else Qwen3NextConfig
+    stock = cls(**{k: v for k, v in cfg.items() if k not in ("model_type", "architectures", "auto_map")})
+    linear = [i for i, t in enumerate(stock.layer_types) if t != "full_attention"]
+    if linear:
+        raise CheckpointFormatError(
+            f"layers {linear} are {stock.layer_types[linear[0]]!r} (Gated DeltaNet linear attention), which GatedQwen "
+            "does not have; only checkpoints whose layer_types are all 'full_attention' are GatedQwen models."
+        )
+    factor = stock.rope_parameters.get("partial_rotary_factor", 1.0)
+    if factor != 1.0:
+        raise CheckpointFormatError(
+            f"the checkpoint rotates only part of each head (partial_rotary_factor={factor}); GatedQwen applies RoPE "
+            "to the whole head, so only checkpoints with partial_rotary_factor 1.0 are GatedQwen models."
+        )
+    rope = {k: v for k, v in stock.rope_parameters.items()
+            if k not in ("partial_rotary_factor", "mrope_section", "mrope_interleaved")}  # text: one position a token
+    fields = dict({k: getattr(stock, k) for k in QWEN3_FIELDS}, rope_parameters=rope, use_qk_norm=True,
+                  gate_position="sdpa", gate_granularity="elementwise", gate_bias=stock.attention_bias)
+    if model_type == "qwen3_next" and moe_layers(stock.num_hidden_layers, stock.num_experts, stock.mlp_only_layers,
+                                                 stock.decoder_sparse_step):
+        fields.update({k: getattr(stock, k) for k in MOE_FIELDS},
+                      shared_expert_intermediate_size=stock.shared_expert_intermediate_size,
+                      mlp_only_layers=stock.mlp_only_layers or None)
+    return fields
+
+
+def check_q_proj_rows(cfg: dict, config, shapes: dict[str, tuple[int, ...]]) -> None:
+    """Refuses a `q_proj` whose rows are not the 2·H·D of `split_heads`."""
+    heads, head_dim = config.num_attention_heads, config.head_dim
+    for layer in range(config.num_hidden_layers):
+        for kind in ("weight", "bias"):
+            name = f"model.layers.{layer}.self_attn.q_proj.{kind}"
+            if name in shapes and shapes[name][0] != 2 * heads * head_dim:
+                raise CheckpointFormatError(
+                    f"{name} has {shapes[name][0]} rows; Qwen3.5 attention has 2·H·D = {2 * heads * head_dim} "
+                    f"(H={heads}, D={head_dim}): the queries and the gate of each head."
+                )
+
+
+def dense_config_fields(cfg: dict, gate: dict | None = None) -> dict:
+    """`qwen3_5_config_fields` of a dense model: `--from qwen3_5` refuses mixture-of-experts layers, naming
+    `--from qwen3_next`."""
+    fields = qwen3_5_config_fields(cfg)
+    sparse = moe_layers(fields["num_hidden_layers"], fields.get("num_experts", 0), fields.get("mlp_only_layers"),
+                        fields.get("decoder_sparse_step", 1))
+    if sparse:
+        raise CheckpointFormatError(
+            f"layers {sparse} of SRC are mixture-of-experts (num_experts={fields['num_experts']}); `--from qwen3_5` "
+            "imports dense models (every layer in mlp_only_layers, or num_experts=0). Use `--from qwen3_next` for a "
+            "Qwen3-Next mixture-of-experts checkpoint."
+        )
+    return fields
+
+
+def split_q_proj(context: Context, packed: torch.Tensor, kind: str) -> dict[str, torch.Tensor]:
+    """`q_proj`'s weight or bias -> the queries and the gate rows of each head."""
+    queries, gates = (split_heads(packed, context.shard.heads, part).contiguous() for part in (0, 1))
+    return {f"self_attn.q_proj.{kind}": queries, f"self_attn.gate.g_proj.{kind}": gates}
+
+
+# `q_proj` split per head into the queries and the gate rows; every RMSNorm weight shifted from zero-centred.
+QWEN3_5_RULES = (
+    *(TensorRule(f"self_attn.q_proj.{kind}", (f"self_attn.q_proj.{kind}", f"self_attn.gate.g_proj.{kind}"),
+                 lambda context, packed, kind=kind: split_q_proj(context, packed, kind)) for kind in ("weight", "bias")),
+    TensorRule("norm.weight", ("norm.weight",), lambda context, weight: {"norm.weight": from_zero_centred(weight)}),
+)
+
+
+# ------------------------------------------------------------------------------------------------------ export
 def plan_gated_to_qwen3_5(ckpt: Checkpoint):
     from transformers import Qwen3_5TextConfig
 
@@ -108,49 +215,48 @@ def plan_gated_to_qwen3_5(ckpt: Checkpoint):
     return out, tmap.finish()
 
 
-def plan_qwen3_5_to_gated(ckpt: Checkpoint):
-    cfg = ckpt.config
-    if cfg.get("model_type") not in ("qwen3_5", *IMPORT_MODEL_TYPES):  # qwen3_5: refused with the reason below
-        raise ConversionError(
-            f"SRC has model_type={cfg.get('model_type')!r}; `--from qwen3_5` reads {' or '.join(IMPORT_MODEL_TYPES)}."
-        )
-    fields = qwen3_5_config_fields(cfg)  # refuses linear attention and partial RoPE
-    sparse = moe_layers(fields["num_hidden_layers"], fields.get("num_experts", 0), fields.get("mlp_only_layers"),
-                        fields.get("decoder_sparse_step", 1))
-    if sparse:
-        raise ConversionError(
-            f"layers {sparse} of SRC are mixture-of-experts (num_experts={fields['num_experts']}); `--from qwen3_5` "
-            "imports dense models (every layer in mlp_only_layers, or num_experts=0). Use `--from qwen3_next` "
-            "for a Qwen3-Next mixture-of-experts checkpoint."
-        )
-    config = GatedQwenConfig(**fields)
-    config.dtype = source_dtype(cfg)
-    return config, plan_qwen3_5_tensors(ckpt, config)
+# The mixture-of-experts fields GatedQwenMoeConfig adds to GatedQwenConfig, and their defaults (a dense model's
+# Qwen3-Next export writes these with num_experts=0).
+MOE_ONLY_FIELDS = sorted(set(GatedQwenMoeConfig.__dataclass_fields__) - set(GatedQwenConfig.__dataclass_fields__))
+DENSE_EXPERTS = {name: GatedQwenMoeConfig.__dataclass_fields__[name].default for name in MOE_ONLY_FIELDS} | {
+    "num_experts": 0}
 
 
-def plan_qwen3_5_tensors(ckpt: Checkpoint, config: GatedQwenConfig) -> dict[str, TensorPlan]:
-    """The tensors of a Qwen3.5 text / Qwen3-Next checkpoint read as the GatedQwen model `config`: `q_proj` split
-    into queries and gate rows (`checkpoint_formats.split_heads`), the zero-centred norms shifted
-    (`from_zero_centred`), the rest (MLP, experts, router) unchanged, multi-token-prediction heads left out."""
-    heads, head_dim = config.num_attention_heads, config.head_dim
-    tmap = TensorMap(ckpt)
-    for name in ckpt.tensors:
-        if name.startswith(IGNORED_PREFIXES):
-            tmap.drop(name)
-    for layer in range(config.num_hidden_layers):
-        prefix = f"model.layers.{layer}."
-        for kind in ("weight", "bias") if config.attention_bias else ("weight",):
-            name = prefix + f"self_attn.q_proj.{kind}"
-            info = tmap.info(name)
-            tmap.drop(name)
-            if info.shape[0] != 2 * heads * head_dim:
-                raise qwen3_5_q_rows_error(name, info.shape[0], heads, head_dim)
-            for part, out in ((0, "q_proj"), (1, "g_proj")):
-                tmap.put(prefix + f"self_attn.{out}.{kind}", TensorPlan(
-                    (heads * head_dim, *info.shape[1:]), info.dtype,
-                    lambda name=name, part=part: split_heads(ckpt.get(name), heads, part)))
-        for norm in LAYER_NORMS:
-            shifted_norm(tmap, prefix + norm + ".weight", from_zero_centred)
-    shifted_norm(tmap, FINAL_NORM, from_zero_centred)
-    copy_rest(tmap, config)
-    return tmap.finish()
+def _view(ckpt: Checkpoint, config: dict) -> Checkpoint:
+    """`ckpt` with its config.json replaced by `config` (the tensors are the same)."""
+    view = copy.copy(ckpt)
+    view.config = config
+    return view
+
+
+def plan_gated_to_qwen3_next(ckpt: Checkpoint):
+    from transformers import Qwen3NextConfig
+
+    config = load_gated_config(ckpt, moe=True)
+    moe = isinstance(config, GatedQwenMoeConfig)
+    if moe and config.shared_expert_intermediate_size == 0:
+        raise ConversionError(
+            "Qwen3-Next's sparse layers always have a shared expert; this model has none "
+            "(shared_expert_intermediate_size=0), so it has no Qwen3-Next equivalent. Nothing was written."
+        )
+    # The attention part is Qwen3.5's: planned on a dense view of the config (the same tensors).
+    dense = {k: v for k, v in ckpt.config.items() if k not in (*MOE_ONLY_FIELDS, "auto_map")}
+    out35, plan = plan_gated_to_qwen3_5(_view(ckpt, dict(dense, model_type=GatedQwenConfig.model_type)))
+
+    experts = config.to_dict() if moe else DENSE_EXPERTS  # the tensors pass through
+    fields = {k: getattr(out35, k) for k in QWEN3_FIELDS}
+    fields.update({k: experts[k] for k in (*MOE_FIELDS, "shared_expert_intermediate_size")})
+    fields.update(
+        rope_parameters=out35.rope_parameters, attention_bias=out35.attention_bias,
+        layer_types=["full_attention"] * config.num_hidden_layers, mlp_only_layers=experts["mlp_only_layers"] or [],
+    )
+    out = Qwen3NextConfig(**fields)
+    out.architectures = ["Qwen3NextForCausalLM"]
+    out.dtype = out35.dtype
+    return out, plan
+
+
+QWEN3_5 = FormatDescription("qwen3_5", config_fields=dense_config_fields, check=check_q_proj_rows, rules=QWEN3_5_RULES,
+                            ignored=("mtp.",), export=plan_gated_to_qwen3_5)
+QWEN3_NEXT = FormatDescription("qwen3_next", config_fields=qwen3_5_config_fields, check=check_q_proj_rows,
+                               rules=QWEN3_5_RULES, ignored=("mtp.",), export=plan_gated_to_qwen3_next)

@@ -9,37 +9,139 @@ D elementwise), `q_proj` has K·(G·D + G·W) rows, and the rows of kv group k a
 `[queries of its G heads (G·D rows) | gates of the same G heads (G·W rows)]`; i.e. for head h = k·G + j:
 query rows `k·(G·D + G·W) + j·D + [0, D)`, gate rows `k·(G·D + G·W) + G·D + j·W + [0, W)`.
 The official code applies `attn_output[B, L, H, D] * sigmoid(gate[B, L, H, W])` before `o_proj`. When both flags are
-true it uses headwise (its `if headwise ... elif elementwise`), and so does this converter.
+true it uses headwise (its `if headwise ... elif elementwise`), and so does this reader.
 
-GatedQwen keeps the same weights with the gate rows moved to `self_attn.g_proj` (rows per query head), so the
-conversion is a permutation of rows: release -> gated_qwen -> release gives byte-identical tensors. The layout
-(`split_release_q_proj` / `pack_release_q_proj`) and the import's config (`release_config_fields`, the official
-defaults) are those of `checkpoint_formats`, which `from_pretrained` reads release folders with.
+GatedQwen keeps the same weights with the gate rows moved to `self_attn.gate.g_proj` (rows per query head), so the
+import is a permutation of rows (`split_release_q_proj`) and the export its inverse (`pack_release_q_proj`):
+release -> gated_qwen -> release gives byte-identical tensors.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..checkpoint_formats import (
-    QWEN3_FIELDS,
-    RELEASE_DEFAULTS,
-    pack_release_q_proj,
-    release_config_fields,
-    release_q_rows,
-    release_q_rows_error,
-    release_variant,
-    source_dtype,
-    split_release_q_proj,
-)
-from ..configuration_gated import GatedQwenConfig
-from .common import TensorMap, check_g1_sigmoid, copy_rest, g1_gate_rows, load_gated_config, zeros
-from .io import Checkpoint, ConversionError, TensorPlan
+from .errors import CheckpointFormatError, ConversionError
+from .io import Checkpoint, TensorPlan
+from .plans import TensorMap, check_g1_sigmoid, copy_rest, g1_gate_rows, load_gated_config, zeros
+from .qwen3 import QWEN3_FIELDS, source_dtype
+from .rules import Context, FormatDescription, TensorRule
 
+# The official configuration's defaults (`configuration_qwen3.py` of qiuzh20/gated_attention).
+RELEASE_DEFAULTS = dict(
+    vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32, num_attention_heads=32,
+    num_key_value_heads=32, head_dim=128, hidden_act="silu", max_position_embeddings=32768, initializer_range=0.02,
+    rms_norm_eps=1e-6, use_cache=True, tie_word_embeddings=False, rope_theta=10000.0, rope_scaling=None,
+    attention_dropout=0.0, use_qk_norm=True, pad_token_id=None, bos_token_id=None, eos_token_id=None,
+)
+RELEASE_VARIANTS = ("baseline", "headwise", "elementwise")
 OFFICIAL_AUTO_MAP = {
     "AutoConfig": "configuration_qwen3.Qwen3Config",
     "AutoModelForCausalLM": "modeling_qwen3.Qwen3ForCausalLM",
 }
+
+
+def release_variant(config: dict) -> str:
+    """`"headwise"`, `"elementwise"` or `"baseline"`, as the official code reads the two flags (headwise first)."""
+    if config.get("headwise_attn_output_gate", False):
+        return "headwise"
+    if config.get("elementwise_attn_output_gate", False):
+        return "elementwise"
+    return "baseline"
+
+
+def release_q_rows(heads: int, head_dim: int, variant: str) -> int:
+    """Rows of a release `q_proj`: H·D queries plus H (headwise) or H·D (elementwise) gate rows."""
+    return heads * head_dim + {"baseline": 0, "headwise": heads, "elementwise": heads * head_dim}[variant]
+
+
+def release_q_rows_error(name: str, rows: int, heads: int, head_dim: int, variant: str) -> CheckpointFormatError:
+    """The error for a release `q_proj` tensor `name` with `rows` rows where the config's `variant` has
+    `release_q_rows`: it names the flags, both row counts and the variant whose layout the rows are, if any."""
+    flags = {"baseline": "headwise_attn_output_gate and elementwise_attn_output_gate false",
+             "headwise": "headwise_attn_output_gate=True", "elementwise": "elementwise_attn_output_gate=True"}
+    seen = {release_q_rows(heads, head_dim, v): v for v in RELEASE_VARIANTS}.get(rows)
+    return CheckpointFormatError(
+        f"config.json describes the release's {variant} variant ({flags[variant]}), whose q_proj has "
+        f"{release_q_rows(heads, head_dim, variant)} rows (H={heads}, D={head_dim}), but {name} has {rows} rows"
+        + (f", the {seen} layout: fix the gate flags in config.json." if seen else ", which is no release layout.")
+    )
+
+
+def split_release_q_proj(packed: torch.Tensor, kv_heads: int, group_q_rows: int, part: int) -> torch.Tensor:
+    """Release `q_proj` rows `packed: [K * (G*D + G*W), ...]` -> the queries `[H*D, ...]` (`part=0`) or the gates
+    `[H*W, ...]` (`part=1`), rows per query head."""
+    grouped = packed.view(kv_heads, -1, *packed.shape[1:])
+    rows = slice(None, group_q_rows) if part == 0 else slice(group_q_rows, None)
+    return grouped[:, rows].reshape(-1, *packed.shape[1:])
+
+
+def pack_release_q_proj(queries: torch.Tensor, gates: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """The inverse of `split_release_q_proj`: `queries [H*D, ...]`, `gates [H*W, ...]` -> `[K * (G*D + G*W), ...]`."""
+    rest = queries.shape[1:]
+    return torch.cat([queries.view(kv_heads, -1, *rest), gates.view(kv_heads, -1, *rest)], dim=1).reshape(-1, *rest)
+
+
+# ------------------------------------------------------------------------------------------------------ import
+def release_config_fields(cfg: dict, gate: dict | None = None) -> dict:
+    """GatedQwenConfig fields of a release config.json: the official defaults for what it leaves out, `qkv_bias` as
+    the bias of q, k, v, o (and of the gate rows), G1 sigmoid gate of its variant (none for the baseline)."""
+    if cfg.get("use_sliding_window", False):
+        raise CheckpointFormatError(
+            "the release config has use_sliding_window=true; the official code applies the window only with "
+            "flash-attention 2 and ignores it otherwise, so which model it describes depends on the backend. "
+            "Set use_sliding_window to false in config.json if the model was trained without it."
+        )
+    fields = {k: cfg.get(k, default) for k, default in RELEASE_DEFAULTS.items()}
+    heads, kv_heads = fields["num_attention_heads"], fields["num_key_value_heads"]
+    if not (isinstance(heads, int) and isinstance(kv_heads, int) and kv_heads > 0 and heads % kv_heads == 0):
+        raise CheckpointFormatError(
+            f"num_key_value_heads={kv_heads!r} must divide num_attention_heads={heads!r} in the release config.")
+    bias = bool(cfg["qkv_bias"] if "qkv_bias" in cfg else cfg.get("attention_bias", False))
+    variant = release_variant(cfg)
+    gate = (dict(gate_position=None) if variant == "baseline"
+            else dict(gate_position="sdpa", gate_granularity=variant, gate_bias=bias))
+    return dict({k: fields[k] for k in QWEN3_FIELDS if k in fields}, rope_theta=fields["rope_theta"],
+                rope_scaling=fields["rope_scaling"], attention_bias=bias, use_qk_norm=fields["use_qk_norm"], **gate)
+
+
+def check_release(cfg: dict, config, shapes: dict[str, tuple[int, ...]]) -> None:
+    """Refuses release tensors that disagree with the config.json they come with: `q_proj`'s rows against the gate
+    flags, biases against `qkv_bias`, q/k norms against `use_qk_norm`."""
+    variant = release_variant(cfg)
+    heads, head_dim = config.num_attention_heads, config.head_dim
+    bias_key = "qkv_bias" if "qkv_bias" in cfg else "attention_bias"
+    for layer in range(config.num_hidden_layers):
+        prefix = f"model.layers.{layer}.self_attn."
+        name = prefix + "q_proj.weight"
+        if name not in shapes:
+            continue  # a missing tensor: the structural check names it
+        if shapes[name][0] != release_q_rows(heads, head_dim, variant):
+            raise release_q_rows_error(name, shapes[name][0], heads, head_dim, variant)
+        if (prefix + "q_proj.bias" in shapes) != config.attention_bias:
+            raise CheckpointFormatError(
+                f"config.json says {bias_key}={config.attention_bias}, but {prefix}q_proj.bias is "
+                f"{'absent from' if config.attention_bias else 'present in'} the weights."
+            )
+        if (prefix + "q_norm.weight" in shapes) != config.use_qk_norm:
+            raise CheckpointFormatError(
+                f"config.json says use_qk_norm={config.use_qk_norm} (the official default is true), but "
+                f"{prefix}q_norm.weight is {'absent from' if config.use_qk_norm else 'present in'} the weights."
+            )
+
+
+def split_gate_rows(context: Context, packed: torch.Tensor, kind: str) -> dict[str, torch.Tensor]:
+    """A gated release's `q_proj` weight or bias -> the queries and the gate rows (the baseline's: unchanged)."""
+    if context.config.gate_position is None:
+        return {f"self_attn.q_proj.{kind}": packed}
+    group_q_rows = context.config.num_attention_heads // context.config.num_key_value_heads * context.config.head_dim
+    queries, gates = (split_release_q_proj(packed, context.shard.kv_heads, group_q_rows, part).contiguous()
+                      for part in (0, 1))
+    return {f"self_attn.q_proj.{kind}": queries, f"self_attn.gate.g_proj.{kind}": gates}
+
+
+RELEASE_RULES = tuple(TensorRule(f"self_attn.q_proj.{kind}", (f"self_attn.q_proj.{kind}", f"self_attn.gate.g_proj.{kind}"),
+                                 lambda context, packed, kind=kind: split_gate_rows(context, packed, kind))
+                      for kind in ("weight", "bias"))
 
 
 def release_tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
@@ -64,53 +166,7 @@ def release_tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def plan_release_to_gated(ckpt: Checkpoint) -> tuple[GatedQwenConfig, dict[str, TensorPlan]]:
-    cfg = ckpt.config
-    if cfg.get("model_type") != "qwen3":
-        raise ConversionError(
-            f"SRC has model_type={cfg.get('model_type')!r}; the paper's released checkpoints have model_type 'qwen3'."
-        )
-    config = GatedQwenConfig(**release_config_fields(cfg))
-    config.dtype = source_dtype(cfg)
-    variant = release_variant(cfg)
-    heads, kv_heads, head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
-    bias, bias_key = config.attention_bias, "qkv_bias" if "qkv_bias" in cfg else "attention_bias"
-
-    tmap = TensorMap(ckpt)
-    for layer in range(config.num_hidden_layers):  # the tensors agree with the config, before any is read
-        prefix = f"model.layers.{layer}.self_attn."
-        rows = tmap.info(prefix + "q_proj.weight").shape[0]
-        if rows != release_q_rows(heads, head_dim, variant):
-            raise release_q_rows_error(prefix + "q_proj.weight", rows, heads, head_dim, variant)
-        if tmap.has(prefix + "q_proj.bias") != bias:
-            raise ConversionError(
-                f"config.json says {bias_key}={bias}, but {prefix}q_proj.bias is "
-                f"{'absent from' if bias else 'present in'} the weights."
-            )
-        if tmap.has(prefix + "q_norm.weight") != config.use_qk_norm:
-            raise ConversionError(
-                f"config.json says use_qk_norm={config.use_qk_norm} (the official default is true), but "
-                f"{prefix}q_norm.weight is {'absent from' if config.use_qk_norm else 'present in'} the weights."
-            )
-
-    if variant != "baseline":
-        group_q_rows = heads // kv_heads * head_dim
-        for layer in range(config.num_hidden_layers):
-            prefix = f"model.layers.{layer}.self_attn."
-            for kind in ("weight", "bias") if bias else ("weight",):
-                name = prefix + f"q_proj.{kind}"
-                info = tmap.info(name)
-                tmap.drop(name)
-                rest = info.shape[1:]
-                for part, out in ((0, "q_proj"), (1, "g_proj")):
-                    rows = heads * head_dim if part == 0 else info.shape[0] - heads * head_dim
-                    tmap.put(prefix + f"{out}.{kind}", TensorPlan(
-                        (rows, *rest), info.dtype, lambda name=name, part=part: split_release_q_proj(
-                            ckpt.get(name), kv_heads, group_q_rows, part)))
-    copy_rest(tmap, config)
-    return config, tmap.finish()
-
-
+# ------------------------------------------------------------------------------------------------------ export
 def plan_gated_to_release(ckpt: Checkpoint) -> tuple[dict, dict[str, TensorPlan]]:
     config = load_gated_config(ckpt)
     target = "The release format"
@@ -160,6 +216,10 @@ def plan_gated_to_release(ckpt: Checkpoint) -> tuple[dict, dict[str, TensorPlan]
         max_window_layers=config.num_hidden_layers, torch_dtype=source_dtype(ckpt.config),
     )
     return out, tmap.finish()
+
+
+RELEASE = FormatDescription("release", config_fields=release_config_fields, check=check_release, rules=RELEASE_RULES,
+                            export=plan_gated_to_release)
 
 
 # ------------------------------------------------------------------------------------------------ reference forward

@@ -95,11 +95,16 @@ def _config_of(kind: str, config_dict: dict):
     return config_dict if kind == "release" else model_class(kind).config_class.from_dict(config_dict)
 
 
+def source_layout(ckpt: Checkpoint, kind: str) -> list[list[dict[str, Shape]]]:
+    """The layout (`model_layout`) of the model of kind `kind` that `ckpt`'s config.json describes."""
+    return _layout_of(kind, _config_of(kind, ckpt.config))
+
+
 def check_source(ckpt: Checkpoint, kind: str) -> None:
     """Refuses a source whose tensors do not match the model its config.json describes (missing or misshapen;
     tensors the conversion does not use are refused by the planner)."""
     found = {name: info.shape for name, info in ckpt.tensors.items()}
-    problem = compare(found, _layout_of(kind, _config_of(kind, ckpt.config)), unexpected_ok=True)
+    problem = compare(found, source_layout(ckpt, kind), unexpected_ok=True)
     if problem:
         raise ConversionError(f"SRC's weights do not match its config.json: {problem}. Nothing was written.")
 

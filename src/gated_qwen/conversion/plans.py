@@ -1,6 +1,11 @@
-"""Pieces shared by the formats' planners: tensor bookkeeping, zero-centred norms in the plan and the G1 gate rows.
-The layouts and config translations themselves are defined once, for `from_pretrained` too, in
-`gated_qwen.checkpoint_formats`."""
+"""The streaming adapter of `gated-qwen convert`: a format's description (`rules.py`) -> a plan, `{output tensor
+name: TensorPlan}` that `io.write_weights` computes shard by shard.
+
+An import plan (`plan_import`) applies the format's tensor rules to the source's tensors: each output's shape and
+dtype come from running its rule on a `meta` tensor (no data read), its value from running the same rule on the real
+tensor when its shard is written; tensors no rule names pass through. An export is planned by the format itself
+(`FormatDescription.export`), with the bookkeeping and the G1 gate-row helpers below.
+"""
 
 from __future__ import annotations
 
@@ -8,31 +13,68 @@ from collections.abc import Callable
 
 import torch
 
-from ..checkpoint_formats import legacy_moe_config_dict
 from ..configuration_gated import GatedQwenConfig, GatedQwenMoeConfig
-from .io import Checkpoint, ConversionError, TensorPlan
+from ..gating import gate_shape, gated_layers
+from ..modeling_gated import GatedQwenForCausalLM
+from ..modeling_gated_moe import GatedQwenMoeForCausalLM
+from .errors import ConversionError
+from .io import Checkpoint, TensorPlan
+from .rules import Context, FormatDescription, Shard, layer_of, rule_for
 
 # RMSNorm weights of a Qwen3 decoder, relative to `model.` (Qwen3.5 / Qwen3-Next store all of them zero-centred).
 LAYER_NORMS = ("input_layernorm", "post_attention_layernorm", "self_attn.q_norm", "self_attn.k_norm")
 FINAL_NORM = "model.norm.weight"
+CONFIG_CLASSES = {c.model_type: c for c in (GatedQwenConfig, GatedQwenMoeConfig)}
 
 
-def load_gated_config(ckpt: Checkpoint) -> GatedQwenConfig:
-    """The GatedQwenConfig of a dense gated_qwen folder; refuses other model types and mixture-of-experts models
-    (gated_qwen_moe, or gated_qwen with experts as saved before that model type existed)."""
-    cfg = legacy_moe_config_dict(ckpt.config)
-    model_type = cfg.get("model_type")
-    if model_type == GatedQwenMoeConfig.model_type:
+def gated_config(fields: dict):
+    """The GatedQwenConfig (or GatedQwenMoeConfig, when `fields` have experts) of an import's config fields."""
+    return (GatedQwenMoeConfig if "num_experts" in fields else GatedQwenConfig)(**fields)
+
+
+def load_gated_config(ckpt: Checkpoint, moe: bool = False) -> GatedQwenConfig:
+    """The config of a gated_qwen folder (with `moe`, also of a gated_qwen_moe one); refuses other model types."""
+    model_type = ckpt.config.get("model_type")
+    if model_type == GatedQwenMoeConfig.model_type and not moe:
         raise ConversionError(
-            f"SRC is a mixture-of-experts GatedQwen (num_experts={cfg.get('num_experts')!r}); this converter handles "
-            "dense models only."
+            f"SRC is a mixture-of-experts GatedQwen (num_experts={ckpt.config.get('num_experts')!r}); this converter "
+            "handles dense models only."
         )
-    if model_type != GatedQwenConfig.model_type:
+    if model_type not in CONFIG_CLASSES:
+        kinds = "a gated_qwen or gated_qwen_moe" if moe else "a gated_qwen"
         raise ConversionError(
-            f"SRC {str(ckpt.folder)!r} has model_type={model_type!r}; `--to` converts a gated_qwen checkpoint "
-            "(model_type='gated_qwen'). To import this one use `--from` with its format."
+            f"SRC {str(ckpt.folder)!r} has model_type={model_type!r}; `--to` converts {kinds} checkpoint. To import "
+            "this one use `--from` with its format."
         )
-    return GatedQwenConfig.from_dict(cfg)
+    return CONFIG_CLASSES[model_type].from_dict(ckpt.config)
+
+
+def plan_import(description: FormatDescription, ckpt: Checkpoint, config) -> dict[str, TensorPlan]:
+    """The tensors of `ckpt` read as the GatedQwen model `config` through the format's rules: each rule's outputs
+    (names, shapes and dtypes from the rule run on a meta tensor), the other tensors unchanged, the `ignored` ones
+    and a tied `lm_head.weight` left out."""
+    with torch.device("meta"):
+        model = (GatedQwenMoeForCausalLM if isinstance(config, GatedQwenMoeConfig) else GatedQwenForCausalLM)(config)
+    shapes = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+    shard = Shard(config.num_attention_heads, config.num_key_value_heads)
+    tmap = TensorMap(ckpt)
+    for name in ckpt.tensors:
+        rule = rule_for(description.rules, name)
+        if name.startswith(description.ignored):
+            tmap.drop(name)
+        elif rule is not None:
+            prefix = name.removesuffix(rule.source)
+            context = Context(config, layer_of(name), shard, lambda target, prefix=prefix: shapes[prefix + target])
+            info = tmap.info(name)
+            outputs = rule.convert(context, torch.empty(info.shape, dtype=info.dtype, device="meta"))
+            tmap.used.add(name)
+            for target, output in outputs.items():
+                tmap.put(prefix + target, TensorPlan(
+                    tuple(output.shape), output.dtype,
+                    lambda name=name, rule=rule, context=context, target=target: rule.convert(
+                        context, ckpt.get(name))[target]))
+    copy_rest(tmap, config)
+    return tmap.finish()
 
 
 class TensorMap:
@@ -82,8 +124,7 @@ def norm_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def shifted_norm(tmap: TensorMap, name: str, shift: Callable[[torch.Tensor], torch.Tensor]) -> None:
-    """Puts `shift(w)` for the norm weight `name` (`[dim]`), computed in float32: `checkpoint_formats.to_zero_centred`
-    or `from_zero_centred`."""
+    """Puts `shift(w)` for the norm weight `name` (`[dim]`), computed in float32 (`qwen3_5.to_zero_centred`)."""
     info = tmap.info(name)
     tmap.used.add(name)
     dtype = norm_dtype(info.dtype)
@@ -118,27 +159,27 @@ def g1_gate_rows(tmap: TensorMap, config: GatedQwenConfig, layer: int, width: in
     heads, head_dim, hidden = config.num_attention_heads, config.head_dim, config.hidden_size
     rows = heads * width
     o_info = tmap.info(prefix + "o_proj.weight")
-    gated = layer in config.gated_layers
+    gated = layer in gated_layers(config)
     if gated and config.gate_input_dependent:
-        g_heads, g_width = config.gate_shape
+        g_heads, g_width = gate_shape(config)
         if g_width > width:
             raise ConversionError("an elementwise gate cannot be written as one score per head")  # checked earlier
-        w_info = tmap.info(prefix + "g_proj.weight")
-        tmap.used.add(prefix + "g_proj.weight")
-        weight = TensorPlan((rows, hidden), w_info.dtype, lambda: tmap.ckpt.get(prefix + "g_proj.weight").view(
+        w_info = tmap.info(prefix + "gate.g_proj.weight")
+        tmap.used.add(prefix + "gate.g_proj.weight")
+        weight = TensorPlan((rows, hidden), w_info.dtype, lambda: tmap.ckpt.get(prefix + "gate.g_proj.weight").view(
             g_heads, g_width, hidden).expand(heads, width, hidden).reshape(rows, hidden))
         bias = None
         if with_bias and config.gate_bias:
-            b_info = tmap.info(prefix + "g_proj.bias")
-            tmap.used.add(prefix + "g_proj.bias")
-            bias = TensorPlan((rows,), b_info.dtype, lambda: tmap.ckpt.get(prefix + "g_proj.bias").view(
+            b_info = tmap.info(prefix + "gate.g_proj.bias")
+            tmap.used.add(prefix + "gate.g_proj.bias")
+            bias = TensorPlan((rows,), b_info.dtype, lambda: tmap.ckpt.get(prefix + "gate.g_proj.bias").view(
                 g_heads, g_width).expand(heads, width).reshape(rows))
         elif with_bias:
             bias = zeros((rows,), w_info.dtype)
         return weight, bias, tmap.take(prefix + "o_proj.weight")
 
     # A constant gate: zero rows give sigmoid(0) = 0.5; o_proj's columns absorb 2 * (the constant gate value).
-    logits_name = prefix + "gate_logits" if gated else None  # input-independent: learned logits [g_heads, g_width]
+    logits_name = prefix + "gate.logits" if gated else None  # input-independent: learned logits [g_heads, g_width]
     if logits_name:
         tmap.info(logits_name)
         tmap.used.add(logits_name)

@@ -1,0 +1,180 @@
+"""The seams of the package, checked where a change could quietly break them: one name per tensor (on disk as in
+memory, so a gated_qwen folder loads with no conversion and Transformers' own reverse-mapping check passes), a saved
+folder that ships only the code a saved model runs, no import circle, and the gate registry as the one source of the
+config's allowed values."""
+
+import ast
+import copy
+import json
+import re
+import typing
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import SMALL, TINY, TINY_MOE, randomize_, sizes
+from safetensors.torch import load_file
+from transformers.conversion_mapping import get_checkpoint_conversion_mapping, get_model_conversion_mapping
+from transformers.core_model_loading import PrefixChange, WeightRenaming
+
+import gated_qwen
+from gated_qwen import (
+    GatedQwenConfig,
+    GatedQwenForCausalLM,
+    GatedQwenMoeConfig,
+    GatedQwenMoeForCausalLM,
+    configuration_gated,
+    gating,
+    modeling_gated,
+    modeling_gated_moe,
+)
+
+PACKAGE = Path(gated_qwen.__file__).parent
+VARIANTS = {  # one of each kind of gate tensor, and a model without any
+    "G1 elementwise": dict(),
+    "G2 headwise, bias": dict(gate_position="value", gate_granularity="headwise", gate_bias=True),
+    "input-independent": dict(gate_input_dependent=False),
+    "G5, layer 1": dict(gate_position="dense", gate_layers=[1]),
+    "rmsnorm control": dict(gate_position=None, sdpa_output_transform="rmsnorm"),
+    "no gate": dict(gate_position=None),
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_a_gated_qwen_folder_holds_the_models_own_names_and_loads_with_no_conversion(tmp_path, variant):
+    model = randomize_(GatedQwenForCausalLM(GatedQwenConfig(**TINY, **VARIANTS[variant])), seed=1)
+    assert get_model_conversion_mapping(model, add_legacy=False) == []  # nothing between the folder and the model
+    model.save_pretrained(tmp_path)
+    saved = load_file(tmp_path / "model.safetensors")
+    expected = {name for name in model.state_dict() if name != "lm_head.weight"}  # tied to the embedding
+    assert set(saved) == expected
+    assert any(".self_attn.gate." in name for name in saved) == (variant != "no gate")
+    loaded, info = GatedQwenForCausalLM.from_pretrained(tmp_path, output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+
+
+def test_a_mixture_of_experts_folder_has_qwen3_moes_expert_layout_and_nothing_else():
+    model = GatedQwenMoeForCausalLM(GatedQwenMoeConfig(**sizes(SMALL, **TINY_MOE)))
+    names = [repr(t) for t in get_model_conversion_mapping(model, add_legacy=False)]
+    assert names == [repr(t) for t in get_checkpoint_conversion_mapping("qwen3_moe")]
+
+
+@pytest.mark.parametrize("model_class, config", [
+    (GatedQwenForCausalLM, GatedQwenConfig(**TINY)),
+    (GatedQwenMoeForCausalLM, GatedQwenMoeConfig(**sizes(SMALL, **TINY_MOE, mlp_only_layers=[0]))),
+], ids=["dense", "mixture of experts"])
+def test_transformers_reverse_loading_mapping_check(tmp_path, model_class, config):
+    """Transformers' `test_reverse_loading_mapping` (tests/test_modeling_common.py, which the wheel does not ship),
+    written out: each registered conversion's source patterns match the keys `save_pretrained` writes (the mapping
+    reverses), and a model saved, loaded and saved again gives the same state dicts. The dense model has no
+    conversion (Transformers skips the check then); the mixture of experts has Qwen3-MoE's."""
+    model = model_class(copy.deepcopy(config))
+    model_keys = set(model.state_dict())
+    conversions = [c for c in get_model_conversion_mapping(model, add_legacy=False) if not isinstance(c, PrefixChange)]
+    model.save_pretrained(tmp_path / "a")
+    serialized = set(load_file(tmp_path / "a" / "model.safetensors"))
+    if conversions:
+        assert serialized != model_keys, "no key mapping was performed"
+    for conversion in conversions:
+        for pattern in conversion.source_patterns:
+            if isinstance(conversion, WeightRenaming) and pattern.startswith("lm_head"):
+                continue
+            assert any(re.search(pattern, key) for key in serialized), (pattern, conversion)
+    reloaded = model_class.from_pretrained(tmp_path / "a")
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(reloaded.state_dict()[name], tensor), name
+    reloaded.save_pretrained(tmp_path / "b")
+    first, second = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
+    assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+
+
+SHIPPED = {"configuration_gated.py", "modeling_gated.py", "gating.py", "gated_attention.py",
+           "gated_attention_backend.py", "gated_attention_backward.py", "gated_attention_common.py",
+           "gated_attention_decode.py", "gated_attention_forward.py", "gated_attention_naive.py",
+           "gated_attention_prologue.py", "gated_attention_selfcheck.py"}
+
+
+@pytest.mark.parametrize("model_class, config", [
+    (GatedQwenForCausalLM, GatedQwenConfig(**TINY)),
+    (GatedQwenMoeForCausalLM, GatedQwenMoeConfig(**sizes(SMALL, **TINY_MOE))),
+], ids=["dense", "mixture of experts"])
+def test_a_saved_folder_ships_only_the_code_a_saved_model_runs(tmp_path, model_class, config):
+    """The configuration, the model, the gate and the attention kernel with its backend; no reader of other
+    checkpoint formats, no command line, nothing that imports from outside the folder."""
+    model_class(config).save_pretrained(tmp_path)
+    shipped = {path.name for path in tmp_path.glob("*.py")}
+    moe = {"modeling_gated_moe.py"} if model_class is GatedQwenMoeForCausalLM else set()
+    assert shipped == SHIPPED | moe
+    for path in tmp_path.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                assert node.module and f"{node.module}.py" in shipped, (path.name, node.module)
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                assert not any(name.startswith("gated_qwen") for name in names), (path.name, names)
+    auto_map = json.loads((tmp_path / "config.json").read_text())["auto_map"]
+    assert {ref.split(".")[0] + ".py" for ref in auto_map.values()} <= shipped
+
+
+def _imports(path: Path, module: str) -> set[str]:
+    """The modules of this package that `module` (at `path`) imports, at module level or inside functions."""
+    package = module.rsplit(".", 1)[0] if path.name != "__init__.py" else module
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = package
+            for _ in range(node.level - 1):
+                base = base.rsplit(".", 1)[0]
+            target = (f"{base}.{node.module}" if node.module else base) if node.level else (node.module or "")
+            for alias in node.names:  # `from . import x` imports the submodule x where there is one
+                candidate = f"{target}.{alias.name}"
+                found.add(candidate if _module_path(candidate) else target)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return {name for name in found if name == "gated_qwen" or name.startswith("gated_qwen.")}
+
+
+def _module_path(module: str) -> Path | None:
+    parts = module.split(".")[1:]
+    for candidate in (PACKAGE.joinpath(*parts).with_suffix(".py"), PACKAGE.joinpath(*parts, "__init__.py")):
+        if parts and candidate.is_file() or not parts and candidate.name == "__init__.py":
+            return candidate
+    return None
+
+
+def test_no_import_circle():
+    """No module of the package reaches itself through imports, counting those inside functions too (where a
+    circle hides until the function runs)."""
+    graph = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        graph[module] = _imports(path, module) - {module}
+    state = {}
+
+    def visit(module, trail):
+        if state.get(module) == "done":
+            return
+        assert state.get(module) != "open", " -> ".join([*trail[trail.index(module):], module])
+        state[module] = "open"
+        for imported in sorted(graph.get(module, ())):
+            visit(imported, [*trail, module])
+        state[module] = "done"
+
+    for module in sorted(graph):
+        visit(module, [])
+
+
+def test_the_gate_registry_is_the_one_source_of_the_configs_values():
+    """Each gate field accepts exactly the registry's values (adding an activation is one entry of
+    `gating.ACTIVATIONS`), and the package's public names are those its modules define."""
+    fields = GatedQwenConfig.__dataclass_fields__
+    assert typing.get_args(fields["gate_granularity"].type) == gating.GRANULARITIES
+    assert typing.get_args(fields["gate_combine"].type) == tuple(gating.COMBINES)
+    assert typing.get_args(fields["gate_activation"].type) == tuple(gating.ACTIVATIONS)
+    assert typing.get_args(typing.get_args(fields["sdpa_output_transform"].type)[0]) == gating.SDPA_OUTPUT_TRANSFORMS
+    assert {k: fields[k].default for k in gating.DEFAULTS} == gating.DEFAULTS
+    defined = {*configuration_gated.__all__, *modeling_gated.__all__, *modeling_gated_moe.__all__, "register"}
+    assert set(gated_qwen.__all__) == defined
