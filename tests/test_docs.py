@@ -1,0 +1,342 @@
+"""Every example in the documentation runs (README.md, CONTRIBUTING.md, docs/*.md), so the docs cannot rot.
+
+The convention, per page (CONTRIBUTING.md, "Documentation"):
+- Every fenced block has an info string. ```python blocks run in order, in one fresh interpreter for the page (the
+  page's blocks share their variables), from a temporary working folder; ```bash blocks run there with
+  `bash -e -o pipefail`, this environment's `bin/` first on PATH (the `gated-qwen` command), Hugging Face caches
+  fresh and empty (tests/conftest.py) and `HF_HUB_OFFLINE=1`. Other info strings (`text`, `yaml`, `bibtex`, ...)
+  are not run; `py`, `sh`, `shell`, `console` are refused, so no example escapes by its spelling.
+- Hidden blocks run where they stand, in the page's interpreter: `<!-- doc-test: setup` NEWLINE python NEWLINE
+  `-->` prepares what the reader need not see (tiny folders under the names the text uses; the helpers at the end
+  of this file, `from test_docs import tiny_release_folder`), `<!-- doc-test: check` ... `-->` asserts what the
+  text says the example does.
+- `<!-- doc-test: skip (reason) -->` on the line before a python or bash block: not run, and reported as a skipped
+  test with its reason (`pytest -ra`). Kept for what cannot run here: a GPU, the network, hours, installing.
+
+A failure names the page and the block's line; a traceback's lines are the page's own. One page by hand (in a new
+temporary folder, or in FOLDER): `.venv/bin/python tests/test_docs.py docs/conversion.md [FOLDER]`.
+"""
+
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
+# Pages whose examples take more than ~20 s of CPU (they run in `make test`, not in `make test-fast`).
+SLOW_PAGES = {"docs/analysis.md", "docs/kernel.md", "docs/conversion.md", "docs/moe.md"}
+PAGE_TIMEOUT_S = 600
+# Pages that are linked before they exist, while another issue writes them (remove an entry once its page lands).
+PAGES_BEING_WRITTEN = {"docs/serving.md": "issue 20"}
+
+RUN = ("python", "bash")
+REFUSED = {"py", "python3", "pycon", "sh", "shell", "console", "zsh", "ipython"}
+FENCE = re.compile(r"^(?P<indent> *)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
+MARKER = re.compile(r"^ *<!-- doc-test:(?P<rest>.*)$")
+SKIP = re.compile(r"^ *<!-- doc-test: skip \((?P<reason>[^()]*(?:\([^()]*\)[^()]*)*)\) -->\s*$")
+
+
+class DocFormatError(ValueError):
+    """A page breaks the convention; the message names the page and the line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    kind: str        # "python", "bash", "setup", "check" (hidden python) or the info string of a block not run
+    code: str
+    line: int        # 1-based line of the block's first line of code in the page
+    skip: str | None = None
+
+    @property
+    def runs(self) -> bool:
+        return self.skip is None and self.kind in (*RUN, "setup", "check")
+
+
+def relative(page: Path) -> str:
+    page = page.resolve()
+    return str(page.relative_to(ROOT)) if page.is_relative_to(ROOT) else str(page)
+
+
+def parse(page: Path) -> list[Block]:
+    """The page's fenced and hidden blocks in order; raises DocFormatError on a block or marker that breaks the
+    convention."""
+    name, lines = relative(page), page.read_text().splitlines()
+    blocks, skip, i = [], None, 0
+
+    def error(line: int, message: str) -> DocFormatError:
+        return DocFormatError(f"{name}:{line}: {message}")
+
+    while i < len(lines):
+        text, number = lines[i], i + 1
+        if fence := FENCE.match(text):
+            info = fence["info"].strip()
+            if not info:
+                raise error(number, "a fenced block without an info string: say what it is (python, bash, text, "
+                                    "...)")
+            kind = info.split()[0].lower()
+            if kind in REFUSED:
+                raise error(number, f"info string {kind!r}: write `python` or `bash` (those run) or `text`")
+            indent, close = len(fence["indent"]), fence["fence"]
+            body, i = [], i + 1
+            while i < len(lines) and not (lines[i].strip().startswith(close[0] * len(close))
+                                          and not lines[i].strip().strip(close[0])):
+                body.append(lines[i][indent:] if lines[i][:indent].strip() == "" else lines[i].lstrip())
+                i += 1
+            if i == len(lines):
+                raise error(number, "a fenced block that is never closed")
+            if skip is not None and kind not in RUN:
+                raise error(skip[0], f"a skip marker before a {kind!r} block, which is not run anyway")
+            blocks.append(Block(kind, "\n".join(body) + "\n", number + 1, skip[1] if skip else None))
+            skip, i = None, i + 1
+            continue
+        if MARKER.match(text):
+            if skip is not None:
+                raise error(skip[0], "a skip marker that is not followed by a fenced block")
+            if marked := SKIP.match(text):
+                if not marked["reason"].strip():
+                    raise error(number, "a skip marker without a reason")
+                skip = (number, marked["reason"].strip())
+            elif (kind := text.split("doc-test:", 1)[1].strip()) in ("setup", "check"):
+                end = next((j for j in range(i + 1, len(lines)) if lines[j].strip() == "-->"), None)
+                if end is None:
+                    raise error(number, f"a hidden {kind} block without its closing `-->` line")
+                blocks.append(Block(kind, "\n".join(lines[i + 1:end]) + "\n", number + 1))
+                i = end
+            else:
+                raise error(number, "a doc-test marker must be `<!-- doc-test: skip (reason) -->`, or "
+                                    "`<!-- doc-test: setup` / `<!-- doc-test: check` + code lines + `-->`")
+        elif skip is not None and text.strip():
+            raise error(skip[0], "a skip marker that is not directly followed by a fenced block")
+        i += 1
+    if skip is not None:
+        raise error(skip[0], "a skip marker at the end of the page")
+    return blocks
+
+
+def run_page(page: Path) -> None:
+    """Runs the page's blocks in the current folder (the subprocess the test starts); exit status 1 and the page
+    and line of the block on the first failure."""
+    name, namespace = relative(page), {"__name__": "__main__"}
+    for block in parse(page):
+        if not block.runs:
+            continue
+        print(f"--- {name}:{block.line} ({block.kind})", flush=True)
+        if block.kind == "bash":
+            # Padded so that bash's own messages ($0: line N) give the page's line numbers.
+            script = ("trap 'echo \"$0: line $LINENO: exit status $?\" >&2' ERR" + "\n" * (block.line - 1)
+                      + block.code)
+            status = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", script, name], check=False).returncode
+            if status:
+                sys.exit(f"{name}:{block.line}: the bash block failed (exit status {status})")
+        else:
+            try:
+                exec(compile("\n" * (block.line - 1) + block.code, str(page.resolve()), "exec"), namespace)
+            except BaseException:
+                traceback.print_exc()
+                sys.exit(f"{name}:{block.line}: the {block.kind} block failed")
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+
+
+# ------------------------------------------------------------------------------------------------------ the tests
+if __name__ != "__main__":
+    import pytest
+
+    def _skipped_blocks() -> list:
+        found = []
+        for page in PAGES:
+            try:
+                found += [(page, block) for block in parse(page) if block.skip is not None]
+            except DocFormatError:
+                pass  # test_page_examples_run reports it
+        return found
+
+    @pytest.mark.parametrize("page", [pytest.param(p, id=relative(p), marks=[pytest.mark.slow] * (
+        relative(p) in SLOW_PAGES)) for p in PAGES])
+    def test_page_examples_run(page, tmp_path):
+        blocks = parse(page)
+        if not any(block.runs for block in blocks):
+            return
+        env = dict(os.environ, OMP_NUM_THREADS="1")  # the caches of tests/conftest.py, one thread as the suite
+        try:
+            result = subprocess.run([sys.executable, __file__, str(page), str(tmp_path)], env=env, check=False,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                    timeout=PAGE_TIMEOUT_S)
+        except subprocess.TimeoutExpired as timeout:
+            pytest.fail(f"{relative(page)}: its examples ran past {PAGE_TIMEOUT_S} s; output:\n"
+                        f"{(timeout.stdout or b'')[-6000:]}", pytrace=False)
+        if result.returncode:
+            pytest.fail(f"{result.stdout[-8000:]}\n{relative(page)}: an example failed (see the last lines above)",
+                        pytrace=False)
+
+    @pytest.mark.parametrize("page, block", [pytest.param(p, b, id=f"{relative(p)}:{b.line}")
+                                             for p, b in _skipped_blocks()])
+    def test_block_not_run(page, block):
+        pytest.skip(f"{relative(page)}:{block.line} ({block.kind}) is not run: {block.skip}")
+
+    @pytest.mark.parametrize("page", PAGES, ids=relative)
+    def test_page_links_resolve(page):
+        """Every relative link points at a file of the repository, and a `#fragment` at a heading of its page."""
+        broken = []
+        for target in re.findall(r"\]\(([^)\s]+)\)", _without_code(page.read_text())):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, fragment = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            if not file.exists():
+                if relative(file) not in PAGES_BEING_WRITTEN:
+                    broken.append(target)
+            elif fragment and file.suffix == ".md" and fragment not in _anchors(file):
+                broken.append(target)
+        assert not broken, f"{relative(page)}: links to nothing: {broken}"
+
+    def _without_code(text: str) -> str:
+        """`text` without its fenced blocks and code spans."""
+        return re.sub(r"(`+).*?\1", "", re.sub(r"^ *(```|~~~).*?^ *\1", "", text, flags=re.S | re.M), flags=re.S)
+
+    def _anchors(page: Path) -> set[str]:
+        """GitHub's heading anchors: lower case, punctuation dropped, spaces as hyphens."""
+        headings = re.findall(r"^#+ (.+)$", _without_code(page.read_text()), flags=re.M)
+        return {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-") for heading in headings}
+
+
+# ---------------------------------------------------------------------------------- fixtures for hidden blocks
+# Tiny folders under the names the pages use, built offline with public APIs (so they follow the library's formats).
+TINY = dict(vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=8, max_position_embeddings=512)
+TEXTS = ["Gated attention removes the attention sink because the gate can close",
+         "a sigmoid gate on the attention output makes it sparse and input dependent",
+         "massive activations shrink when the gate is on, and training is more stable"]
+
+
+def tiny_tokenizer(folder: str | os.PathLike, texts: list[str] = TEXTS, vocab_size: int = TINY["vocab_size"]):
+    """A byte-level BPE tokenizer (Qwen's kind) trained on `texts` with the `tokenizers` library, saved in
+    `folder`; its ids are below `vocab_size`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    backend.train_from_iterator(texts, trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|endoftext|>",
+                                        pad_token="<|endoftext|>")
+    assert len(tokenizer) <= vocab_size
+    tokenizer.save_pretrained(folder)
+    return tokenizer
+
+
+def _save(model, folder: str | os.PathLike, tokenizer: bool = True) -> Path:
+    import torch
+
+    torch.manual_seed(0)
+    model.save_pretrained(folder)
+    if tokenizer:
+        tiny_tokenizer(folder, vocab_size=model.config.vocab_size)
+    return Path(folder)
+
+
+def tiny_gated_folder(folder: str | os.PathLike, **config) -> Path:
+    """A saved random GatedQwenForCausalLM (TINY sizes, G1 elementwise unless `config` says otherwise) with a
+    tokenizer."""
+    from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
+
+    return _save(GatedQwenForCausalLM(GatedQwenConfig(**{**TINY, **config})), folder)
+
+
+def tiny_release_folder(folder: str | os.PathLike, granularity: str | None = "elementwise") -> Path:
+    """A folder in the layout of the paper's release (`QwQZh/gated_attention`: model_type qwen3, the gate packed in
+    q_proj), as `gated-qwen convert --to release` writes it from a random tiny model; `granularity` None: the
+    baseline."""
+    from gated_qwen.conversion import convert
+
+    with tempfile.TemporaryDirectory() as scratch:
+        gate = {"gate_position": None} if granularity is None else {"gate_granularity": granularity}
+        source = tiny_gated_folder(Path(scratch) / "gated", **gate)
+        Path(folder).parent.mkdir(parents=True, exist_ok=True)
+        convert(source, folder, to_format="release", verify=False)
+    return Path(folder)
+
+
+def tiny_qwen3_folder(folder: str | os.PathLike) -> Path:
+    """A saved random stock Qwen3ForCausalLM (TINY sizes) with a tokenizer."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    return _save(Qwen3ForCausalLM(Qwen3Config(**TINY)), folder)
+
+
+TINY_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+
+
+def tiny_qwen3_moe_folder(folder: str | os.PathLike) -> Path:
+    """A saved random stock Qwen3MoeForCausalLM with a tokenizer."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    return _save(Qwen3MoeForCausalLM(Qwen3MoeConfig(**TINY, **TINY_MOE)), folder)
+
+
+def tiny_gated_moe_folder(folder: str | os.PathLike, **config) -> Path:
+    """A saved random GatedQwenMoeForCausalLM with G1 elementwise and a shared expert (exportable to Qwen3-Next)."""
+    from gated_qwen import GatedQwenMoeConfig, GatedQwenMoeForCausalLM
+
+    config = {**TINY, **TINY_MOE, "shared_expert_intermediate_size": 32, **config}
+    return _save(GatedQwenMoeForCausalLM(GatedQwenMoeConfig(**config)), folder)
+
+
+def tiny_qwen3_next_folder(folder: str | os.PathLike) -> Path:
+    """A saved random stock Qwen3NextForCausalLM with every layer full attention and full RoPE (what GatedQwen
+    imports), with a tokenizer."""
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    config = Qwen3NextConfig(**TINY, **TINY_MOE, shared_expert_intermediate_size=32, partial_rotary_factor=1.0,
+                             layer_types=["full_attention"] * TINY["num_hidden_layers"])
+    return _save(Qwen3NextForCausalLM(config), folder)
+
+
+def text_file(path: str | os.PathLike, words: int = 2000, seed: int = 0) -> Path:
+    """`words` words of TEXTS' vocabulary in random order, one line of 20 words after another."""
+    import random
+
+    vocabulary = sorted({word for text in TEXTS for word in text.split()})
+    rng = random.Random(seed)
+    chosen = [rng.choice(vocabulary) for _ in range(words)]
+    Path(path).write_text("\n".join(" ".join(chosen[i:i + 20]) for i in range(0, words, 20)) + "\n")
+    return Path(path)
+
+
+def folder_tensors(folder: str | os.PathLike) -> dict:
+    """Every tensor of the folder's safetensors files, by name."""
+    from safetensors.torch import load_file
+
+    return {name: t for file in sorted(Path(folder).glob("*.safetensors")) for name, t in load_file(file).items()}
+
+
+def link_from_repository(*names: str) -> None:
+    """Makes the repository's `names` (e.g. "benchmarks", "examples") visible in the working folder, for examples
+    that are run from a clone."""
+    for name in names:
+        Path(name).symlink_to(ROOT / name)
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) not in (1, 2):
+        sys.exit("usage: python tests/test_docs.py PAGE.md [FOLDER]   (runs the page's examples in FOLDER, by "
+                 "default a new temporary folder)")
+    page = Path(argv[0]).resolve()
+    os.environ.update(HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1",
+                      PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    with tempfile.TemporaryDirectory(prefix="doc-test-") as scratch:
+        os.chdir(argv[1] if len(argv) == 2 else scratch)
+        run_page(page)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
