@@ -333,6 +333,11 @@ def main(argv: list[str]) -> None:
     page = Path(argv[0]).resolve()
     os.environ.update(HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1",
                       PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    if "TRITON_INTERPRET" not in os.environ:  # as tests/conftest.py: without a GPU, Triton's interpreter
+        import torch
+
+        if not torch.cuda.is_available():
+            os.environ["TRITON_INTERPRET"] = "1"
     with tempfile.TemporaryDirectory(prefix="doc-test-") as scratch:
         os.chdir(argv[1] if len(argv) == 2 else scratch)
         run_page(page)
