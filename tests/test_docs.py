@@ -169,8 +169,9 @@ if __name__ != "__main__":
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                     timeout=PAGE_TIMEOUT_S)
         except subprocess.TimeoutExpired as timeout:
-            pytest.fail(f"{relative(page)}: its examples ran past {PAGE_TIMEOUT_S} s; output:\n"
-                        f"{(timeout.stdout or b'')[-6000:]}", pytrace=False)
+            output = timeout.stdout.decode(errors="replace") if isinstance(timeout.stdout, bytes) else timeout.stdout
+            pytest.fail(f"{(output or '')[-6000:]}\n{relative(page)}: its examples ran past {PAGE_TIMEOUT_S} s",
+                        pytrace=False)
         if result.returncode:
             pytest.fail(f"{result.stdout[-8000:]}\n{relative(page)}: an example failed (see the last lines above)",
                         pytrace=False)
@@ -196,13 +197,17 @@ if __name__ != "__main__":
                 broken.append(target)
         assert not broken, f"{relative(page)}: links to nothing: {broken}"
 
+    def _without_fences(text: str) -> str:
+        return re.sub(r"^ *(```|~~~).*?^ *\1", "", text, flags=re.S | re.M)
+
     def _without_code(text: str) -> str:
         """`text` without its fenced blocks and code spans."""
-        return re.sub(r"(`+).*?\1", "", re.sub(r"^ *(```|~~~).*?^ *\1", "", text, flags=re.S | re.M), flags=re.S)
+        return re.sub(r"(`+).*?\1", "", _without_fences(text), flags=re.S)
 
     def _anchors(page: Path) -> set[str]:
-        """GitHub's heading anchors: lower case, punctuation dropped, spaces as hyphens."""
-        headings = re.findall(r"^#+ (.+)$", _without_code(page.read_text()), flags=re.M)
+        """GitHub's heading anchors: lower case, punctuation but hyphens and underscores dropped, spaces as
+        hyphens."""
+        headings = re.findall(r"^#+ (.+)$", _without_fences(page.read_text()), flags=re.M)
         return {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-") for heading in headings}
 
 
