@@ -1,6 +1,12 @@
-"""Helpers shared by the test modules (importable because pytest puts tests/ on sys.path): the tiny model sizes
-and the weight randomiser. Test files take a size from here and override only what their check is about."""
+"""Helpers shared by the test modules (importable because pytest puts tests/ on sys.path): the tiny model sizes,
+the weight randomiser, and the spy on the fused kernel's launches. Test files take a size from here and override only
+what their check is about."""
 
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+
+import pytest
 import torch
 
 # The smallest shape that still has GQA (2 query heads per kv head) and more than one layer.
@@ -29,3 +35,38 @@ def randomize_(model: torch.nn.Module, seed: int = 0, scale: float = 0.08, norm_
             center, spread = (norm_center, norm_scale) if is_norm else (0.0, scale)
             param.copy_(center + spread * torch.randn(param.shape, generator=generator))
     return model
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelLaunch:
+    """One call of the fused Triton kernel by the `gated_triton` backend: the gate fused into it (None,
+    "elementwise" or "headwise"), whether the batch went in packed (varlen: padding or packed sequences) and the
+    longest query sequence (1: the decode kernel)."""
+
+    gate: str | None
+    packed: bool
+    max_queries: int
+
+
+@contextlib.contextmanager
+def kernel_launches() -> Iterator[list[KernelLaunch]]:
+    """Records every call that the `gated_triton` backend makes to the fused kernel while the block runs.
+
+    The backend falls back to SDPA + a separate gate when the kernel fails its first-use self-check, and the
+    fallback gives the same logits: a test of the kernel path must also assert that the kernel ran, e.g.
+    `assert len(launches) == config.num_hidden_layers` for one forward. The self-check calls the kernel directly,
+    not through the backend, so its calls are not recorded."""
+    from gated_qwen import gated_attention_backend
+
+    launches: list[KernelLaunch] = []
+    kernel = gated_attention_backend.gated_attention
+
+    def spy(q, k, v, gate=None, **kwargs):
+        packed = kwargs.get("cu_seqlens_q") is not None
+        gate_kind = None if gate is None else "headwise" if gate.shape[-1] == 1 else "elementwise"
+        launches.append(KernelLaunch(gate_kind, packed, kwargs["max_seqlen_q"] if packed else q.shape[1]))
+        return kernel(q, k, v, gate, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gated_attention_backend, "gated_attention", spy)
+        yield launches

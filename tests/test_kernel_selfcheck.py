@@ -10,6 +10,8 @@ import torch
 
 pytest.importorskip("triton")
 
+from helpers import KernelLaunch, kernel_launches
+
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, gated_attention_backend
 from gated_qwen import gated_attention as tga
 from gated_qwen.gated_attention_selfcheck import LAYOUTS, Combination, combination_of, self_check
@@ -73,17 +75,10 @@ def fresh_verdicts(monkeypatch):
 
 
 @pytest.fixture
-def kernel_calls(monkeypatch):
-    """Counts the backend's calls of the fused kernel (the self-check calls it directly, not through the backend)."""
-    calls = []
-    original = gated_attention_backend.gated_attention
-
-    def spy(*args, **kwargs):
-        calls.append(1)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(gated_attention_backend, "gated_attention", spy)
-    return calls
+def kernel_calls():
+    """The backend's calls of the fused kernel during the test (`helpers.kernel_launches`)."""
+    with kernel_launches() as launches:
+        yield launches
 
 
 def break_forward(monkeypatch, how="wrong"):
@@ -168,7 +163,7 @@ def test_trust_skips_the_check_and_off_never_runs_the_kernel(monkeypatch, fresh_
 def test_working_kernel_passes_its_check_and_is_used(fresh_verdicts, kernel_calls):
     sdpa, fused = model_pair(gate_granularity="headwise")
     assert_same_as_sdpa(sdpa, fused, ids())
-    assert kernel_calls
+    assert kernel_calls == [KernelLaunch("headwise", packed=False, max_queries=24)] * 2  # both layers
     assert list(fresh_verdicts.values()) == [None]
     (combo,) = fresh_verdicts
     assert (combo.gate, combo.causal, combo.layout, combo.head_dim, combo.dtype) == (

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import TINY as BASE
-from helpers import sizes
+from helpers import KernelLaunch, kernel_launches, sizes
 from transformers import AutoModelForCausalLM, DataCollatorWithFlattening, Trainer, TrainingArguments
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
@@ -113,7 +113,8 @@ def test_padding_free_batch_gives_the_padded_loss_and_gradients(attn, gate):
 
 @pytest.mark.parametrize("gate", [{}, {"gate_granularity": "headwise"}], ids=["G1", "G1h"])
 def test_padding_free_batch_through_the_triton_kernel(gate):
-    """DataCollatorWithFlattening's packed batch reaches the fused kernel's varlen path (float32, interpreter)."""
+    """DataCollatorWithFlattening's packed batch reaches the fused kernel's varlen path (float32, interpreter): the
+    kernel runs in every layer (the backend's SDPA fallback would give the padded loss too)."""
     from gated_qwen.gated_attention import triton_available
 
     if not triton_available():
@@ -121,7 +122,11 @@ def test_padding_free_batch_through_the_triton_kernel(gate):
     sequences = [s[:n] for s, n in zip(motif_sequences(4, seed=3), (6, 15, 4, 9))]
     packed = DataCollatorWithFlattening(return_flash_attn_kwargs=True)([{"input_ids": s} for s in sequences])
     padded_loss, padded_grads = loss_and_gradients(tiny_model("sdpa", **gate), padded_batch(sequences))
-    packed_loss, packed_grads = loss_and_gradients(tiny_model("gated_triton", **gate), packed)
+    with kernel_launches() as launches:
+        packed_loss, packed_grads = loss_and_gradients(tiny_model("gated_triton", **gate), packed)
+    gate_kind = gate.get("gate_granularity", "elementwise")
+    longest = max(map(len, sequences))
+    assert launches == [KernelLaunch(gate_kind, packed=True, max_queries=longest)] * TINY["num_hidden_layers"]
     torch.testing.assert_close(packed_loss, padded_loss, rtol=1e-5, atol=0)
     for name, grad in padded_grads.items():
         torch.testing.assert_close(packed_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)

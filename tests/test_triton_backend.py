@@ -3,7 +3,9 @@
 Logits and every parameter gradient in fp32, for each gate layout the kernel fuses (and for layouts it does not,
 where it acts as plain attention), with left padding, with packed sequences (DataCollatorWithFlattening's
 `cu_seq_lens_*` and restarting `position_ids`), and in cached generation (the decode kernel). Without a GPU the
-kernel runs under the Triton interpreter (tests/conftest.py).
+kernel runs under the Triton interpreter (tests/conftest.py). The backend falls back to SDPA + gate when the kernel
+fails its self-check, which gives sdpa's results too: every test also asserts, with `helpers.kernel_launches`, that
+the kernel ran for each layer of the call under test, with the gate and layout the test is about.
 """
 
 import copy
@@ -13,6 +15,7 @@ import torch
 
 pytest.importorskip("triton")
 
+from helpers import KernelLaunch, kernel_launches
 from transformers import DataCollatorWithFlattening
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, gated_attention_backend
@@ -22,11 +25,12 @@ if not tga.triton_available():
     pytest.skip("no CUDA device and TRITON_INTERPRET was not set before import", allow_module_level=True)
 
 VOCAB = 101
+LAYERS = 2
 TOL = 2e-5  # fp32; the fused kernel multiplies its fp32 accumulator, sdpa the rounded output: not bit-equal
 
 
 def tiny(**overrides) -> GatedQwenConfig:
-    fields = {"vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+    fields = {"vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": LAYERS, "num_attention_heads": 4,
                   "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 256, "tie_word_embeddings": False}
     fields.update(overrides)
     return GatedQwenConfig(**fields)
@@ -78,20 +82,6 @@ def ids(batch=2, length=24, seed=1) -> torch.Tensor:
     return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.fixture
-def kernel_calls(monkeypatch):
-    """Records, for each call of the Triton kernel from the backend, whether a gate was fused into it."""
-    calls = []
-    original = gated_attention_backend.gated_attention
-
-    def spy(q, k, v, gate=None, **kwargs):
-        calls.append(gate is not None)
-        return original(q, k, v, gate, **kwargs)
-
-    monkeypatch.setattr(gated_attention_backend, "gated_attention", spy)
-    return calls
-
-
 # ------------------------------------------------------------------------------------------------------------------
 
 
@@ -101,22 +91,23 @@ SLOW = pytest.mark.slow  # the fast set keeps the elementwise gate
 @pytest.mark.parametrize(
     "overrides,fused_gate",
     [
-        ({}, True),  # the paper's best: elementwise G1, head-specific, input-dependent
-        pytest.param({"gate_granularity": "headwise"}, True, marks=SLOW),
-        pytest.param({"gate_shared_across_heads": True}, True, marks=SLOW),  # an expand()ed view over heads
+        ({}, "elementwise"),  # the paper's best: elementwise G1, head-specific, input-dependent
+        pytest.param({"gate_granularity": "headwise"}, "headwise", marks=SLOW),
+        pytest.param({"gate_shared_across_heads": True}, "elementwise", marks=SLOW),  # an expand()ed view over heads
         # a learned [heads, width] logit, expand()ed over batch and time
-        pytest.param({"gate_input_dependent": False}, True, marks=SLOW),
-        pytest.param({"num_key_value_heads": 4}, True, marks=SLOW),  # MHA
-        pytest.param({"gate_position": "value"}, False, marks=SLOW),  # not fusable: the backend runs plain attention
-        pytest.param({"gate_activation": "silu"}, False, marks=SLOW),
-        pytest.param({"gate_position": None}, False, marks=SLOW),
+        pytest.param({"gate_input_dependent": False}, "elementwise", marks=SLOW),
+        pytest.param({"num_key_value_heads": 4}, "elementwise", marks=SLOW),  # MHA
+        pytest.param({"gate_position": "value"}, None, marks=SLOW),  # not fusable: the backend runs plain attention
+        pytest.param({"gate_activation": "silu"}, None, marks=SLOW),
+        pytest.param({"gate_position": None}, None, marks=SLOW),
     ],
     ids=["elementwise", "headwise", "head-shared", "input-independent", "mha", "value-gate", "silu-gate", "no-gate"],
 )
-def test_equals_sdpa(overrides, fused_gate, kernel_calls):
+def test_equals_sdpa(overrides, fused_gate):
     sdpa, fused = model_pair(**overrides)
-    assert_same(sdpa, fused, input_ids=ids())
-    assert kernel_calls and all(c == fused_gate for c in kernel_calls)
+    with kernel_launches() as launches:
+        assert_same(sdpa, fused, input_ids=ids())
+    assert launches == [KernelLaunch(fused_gate, packed=False, max_queries=24)] * LAYERS
 
 
 def test_left_padding():
@@ -127,15 +118,20 @@ def test_left_padding():
     mask[2, :1] = 0
     position_ids = (mask.cumsum(1) - 1).clamp_min(0)
     keep = mask.bool()
-    logits = assert_same(sdpa, fused, keep=keep, input_ids=input_ids, attention_mask=mask, position_ids=position_ids)
+    with kernel_launches() as launches:
+        logits = assert_same(sdpa, fused, keep=keep, input_ids=input_ids, attention_mask=mask,
+                             position_ids=position_ids)
+    assert launches == [KernelLaunch("elementwise", packed=True, max_queries=20)] * LAYERS  # the kept tokens
     assert torch.isfinite(logits).all()  # padded query rows see no key: zeros from the kernel, finite logits
     # Independent of sdpa's mask: the padded row equals the same tokens run alone without padding.
-    alone = fused(input_ids=input_ids[:1, 7:]).logits.detach()
+    with kernel_launches() as launches:
+        alone = fused(input_ids=input_ids[:1, 7:]).logits.detach()
+    assert launches == [KernelLaunch("elementwise", packed=False, max_queries=13)] * LAYERS
     assert rel_err(logits[0, 7:], alone[0]) <= TOL
 
 
 @pytest.mark.parametrize("flash_kwargs", [True, pytest.param(False, marks=SLOW)], ids=["cu_seq_lens", "position_ids"])
-def test_packed_sequences(flash_kwargs, kernel_calls):
+def test_packed_sequences(flash_kwargs):
     sdpa, fused = model_pair(gate_granularity="headwise", seed=2)
     lengths = [9, 17, 1, 12]
     sequences = [ids(batch=1, length=n, seed=10 + i)[0].tolist() for i, n in enumerate(lengths)]
@@ -145,17 +141,18 @@ def test_packed_sequences(flash_kwargs, kernel_calls):
     # use_cache=False: with a cache, Transformers' sdpa mask ignores packed position_ids (it only looks for packing
     # when no cache exists), and the forward creates a DynamicCache whenever use_cache is on.
     inputs = {k: v for k, v in batch.items() if k != "labels"} | {"use_cache": False}
-    logits = assert_same(sdpa, fused, **inputs)
+    with kernel_launches() as launches:
+        logits = assert_same(sdpa, fused, **inputs)
+    assert launches == [KernelLaunch("headwise", packed=True, max_queries=17)] * LAYERS
     # Each packed sequence equals the sequence run alone (no cross-sequence attention).
     start = 0
     for s in sequences:
         alone = sdpa(input_ids=torch.tensor([s])).logits.detach()
         assert rel_err(logits[0, start:start + len(s)], alone[0]) <= TOL
         start += len(s)
-    assert kernel_calls
 
 
-def test_generation_with_left_padding_uses_the_decode_path(kernel_calls):
+def test_generation_with_left_padding_uses_the_decode_path():
     sdpa, fused = model_pair(seed=3)
     input_ids = ids(batch=2, length=12, seed=4)
     mask = torch.ones_like(input_ids)
@@ -163,10 +160,12 @@ def test_generation_with_left_padding_uses_the_decode_path(kernel_calls):
     kwargs = {"input_ids": input_ids, "attention_mask": mask, "max_new_tokens": 6, "do_sample": False, "pad_token_id": 0}
     with torch.no_grad():
         expected = sdpa.generate(**kwargs)
-        kernel_calls.clear()
-        tokens = fused.generate(**kwargs)
+        with kernel_launches() as launches:
+            tokens = fused.generate(**kwargs)
     assert torch.equal(tokens, expected)
-    assert len(kernel_calls) == 2 * 6  # 2 layers × (1 prefill + 5 decode steps), all through the kernel
+    # Each layer: the prefill, then 5 decode steps (one query per sequence: the decode kernel), all through the kernel.
+    assert [launch.max_queries for launch in launches] == [12] * LAYERS + [1] * (5 * LAYERS)
+    assert all(launch.gate == "elementwise" and launch.packed for launch in launches)  # the padding mask: varlen
 
 
 def test_default_implementation(monkeypatch):
@@ -182,11 +181,12 @@ def test_default_implementation(monkeypatch):
     assert not gated_attention_backend.gated_triton_is_default(config)
 
 
-def test_unsupported_inputs_fall_back_to_the_reference(monkeypatch, kernel_calls):
+def test_unsupported_inputs_fall_back_to_the_reference(monkeypatch):
     sdpa, fused = model_pair()
     monkeypatch.setattr(gated_attention_backend, "gated_attention_unsupported_reason", lambda *a, **k: "pretend no Triton")
-    assert_same(sdpa, fused, input_ids=ids())
-    assert not kernel_calls
+    with kernel_launches() as launches:
+        assert_same(sdpa, fused, input_ids=ids())
+    assert not launches
 
 
 def test_clear_errors():
