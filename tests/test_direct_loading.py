@@ -30,6 +30,7 @@ from transformers import (
 )
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, GatedQwenModel, GatedQwenMoeForCausalLM
+from gated_qwen.cli import main as cli
 from gated_qwen.conversion import CheckpointFormatError, convert
 from gated_qwen.conversion.loading import release_pages
 
@@ -151,6 +152,37 @@ def test_release_flags_that_disagree_with_the_tensors_are_refused(tmp_path, flag
     (release / "config.json").write_text(json.dumps({**config, **flags}))
     with pytest.raises((CheckpointFormatError, RuntimeError, ValueError), match=message):
         GatedQwenForCausalLM.from_pretrained(release)
+
+
+def test_release_with_both_gate_flags_is_the_headwise_variant_for_every_reader(tmp_path, capsys):
+    """The official modeling_qwen3.py reads the flags `if headwise ... elif elementwise`: a config.json with both
+    true is the headwise variant. `from_pretrained` and `gated-qwen convert --from release` both read it so (its
+    q_proj holds the headwise rows) and compute the official forward; with the elementwise rows the folder is refused
+    by both, naming the headwise flag and the layout the rows are."""
+    both = dict(headwise_attn_output_gate=True, elementwise_attn_output_gate=True)
+    release = tmp_path / "release"
+    weights = write_release(release, "headwise", 2, seed=7)
+    config = json.loads((release / "config.json").read_text())
+    (release / "config.json").write_text(json.dumps({**config, **both}))
+    expected = release_forward(weights, 2, "headwise", False, IDS)
+
+    model = load(release)
+    assert (model.config.gate_position, model.config.gate_granularity) == ("sdpa", "headwise")
+    torch.testing.assert_close(logits(model), expected, rtol=1e-4, atol=1e-4)
+    assert cli(["convert", str(release), str(tmp_path / "converted"), "--from", "release", "--verify"]) == 0
+    converted = load(tmp_path / "converted")
+    assert converted.config.gate_granularity == "headwise"
+    torch.testing.assert_close(logits(converted), expected, rtol=1e-4, atol=1e-4)
+
+    elementwise = tmp_path / "elementwise"
+    write_release(elementwise, "elementwise", 2)
+    (elementwise / "config.json").write_text(json.dumps({**config, **both}))
+    refusal = r"headwise variant \(headwise_attn_output_gate=True\).* 36 rows .* has 64 rows, the elementwise layout"
+    with pytest.raises(CheckpointFormatError, match=refusal):
+        GatedQwenForCausalLM.from_pretrained(elementwise)
+    capsys.readouterr()
+    assert cli(["convert", str(elementwise), str(tmp_path / "refused"), "--from", "release"]) == 2
+    assert re.search(refusal, capsys.readouterr().err) and not (tmp_path / "refused").exists()
 
 
 # ------------------------------------------------------------------------------------------------ stock Qwen3
@@ -295,8 +327,6 @@ def test_a_missing_gate_tensor_is_an_error_not_a_random_gate(tmp_path):
 
 def test_analyze_reads_a_release_folder_directly(tmp_path):
     """`gated-qwen analyze` on the paper's layout: the same report as on the converted folder."""
-    from gated_qwen.cli import main as cli
-
     release = tmp_path / "release"
     write_release(release, "elementwise", 2)
     convert(release, tmp_path / "converted", from_format="release", verify=False)
