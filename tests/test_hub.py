@@ -103,6 +103,32 @@ def test_card_names_the_gate_variant_without_optional_metadata(tmp_path, gate, s
     assert card.data.license is None and card.data.base_model is None and "model-index" not in card.content
 
 
+# The paper's recommended gate (section 1): G1 (the SDPA output), elementwise, head-specific, multiplicative, sigmoid,
+# of X W with X the normed input of q/k/v (input-dependent) and W a bias-free linear map.
+RECOMMENDED = dict(gate_position="sdpa", gate_granularity="elementwise", gate_shared_across_heads=False,
+                   gate_combine="multiply", gate_activation="sigmoid", gate_input_dependent=True, gate_bias=False)
+
+
+@pytest.mark.parametrize("change, recommended", [
+    ({}, True),
+    *[({"gate_position": position}, False) for position in ("value", "key", "query", "dense", None)],
+    ({"gate_position": "G1"}, True),  # the paper's name of "sdpa"
+    ({"gate_granularity": "headwise"}, False),
+    ({"gate_shared_across_heads": True}, False),
+    ({"gate_combine": "add"}, False),
+    *[({"gate_activation": activation}, False) for activation in ("silu", "ns_sigmoid", "identity")],
+    ({"gate_input_dependent": False}, False),
+    ({"gate_bias": True}, False),
+    # where the gate sits and the rest of the model are not the gate's form (the sentence names the layers)
+    ({"gate_layers": [1]}, True),
+    ({"attention_bias": True, "num_key_value_heads": 4, "use_qk_norm": False}, True),
+], ids=lambda value: json.dumps(value) if isinstance(value, dict) else str(value))
+def test_recommended_form_note_holds_exactly_for_the_papers_recommended_gate(change, recommended):
+    """Each gate field changed alone from the paper's recommended gate turns the card's note off."""
+    sentence = describe_gate(GatedQwenConfig(**{**TINY, **RECOMMENDED, **change}))
+    assert ("the paper's recommended form" in sentence) == recommended, sentence
+
+
 def test_card_of_a_mixture_of_experts_states_its_experts(tmp_path):
     from helpers import TINY_MOE
 

@@ -144,9 +144,10 @@ def is_fusable(config) -> bool:
 
 
 def is_recommended(config) -> bool:
-    """Whether this is the paper's recommended gate: G1, elementwise, head-specific, multiplicative sigmoid of X W."""
+    """Whether this is the paper's recommended gate: G1, elementwise, head-specific, multiplicative sigmoid of X W
+    (input-dependent, W bias-free), in whichever layers carry it."""
     return (is_fusable(config) and config.gate_granularity == "elementwise" and not config.gate_shared_across_heads
-            and config.gate_input_dependent)
+            and config.gate_input_dependent and not config.gate_bias)
 
 
 class GatedQwenGate(nn.Module):
