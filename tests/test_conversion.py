@@ -626,6 +626,43 @@ def test_verification_failure_exits_with_1(qwen3_sources, tmp_path, capsys, monk
                          "--add-gate", "elementwise"], "verification failed", tmp_path / "dst", code=1)
 
 
+# `--verify`'s tolerance as docs/conversion.md states it: max |logit difference| <= 1e-3 x max(1, max |logit|).
+DOCUMENTED_VERIFY_TOLERANCE = 1e-3
+
+
+@pytest.mark.parametrize("times, verified", [(1.5, False), (0.5, True)], ids=["above", "below"])
+def test_verify_holds_a_small_real_error_to_the_documented_tolerance(qwen3_sources, tmp_path, capsys, monkeypatch,
+                                                                      times, verified):
+    """A converted model whose final norm weight is `1 + eps` times too large (applied as GatedQwenForCausalLM loads
+    it): every logit is `1 + eps` times too large (lm_head has no bias), a relative error of eps on any input whose
+    max |logit| is at least 1. eps is `times` the documented tolerance, and the error is measured here, on the
+    stock Qwen3 source and the perturbed model. 1.5x: refused with exit status 1, nothing written; 0.5x: written."""
+    src, reference = qwen3_sources[False]
+    eps = times * DOCUMENTED_VERIFY_TOLERANCE
+    load_gated = GatedQwenForCausalLM.from_pretrained.__func__
+
+    def load_perturbed(cls, *args, **kwargs):
+        loaded = load_gated(cls, *args, **kwargs)
+        with torch.no_grad():
+            (loaded[0] if isinstance(loaded, tuple) else loaded).model.norm.weight.mul_(1 + eps)
+        return loaded
+
+    monkeypatch.setattr(GatedQwenForCausalLM, "from_pretrained", classmethod(load_perturbed))
+    assert reference.abs().max() > 1
+    error = (logits(load(GatedQwenForCausalLM, src)) - reference).abs().max() / reference.abs().max()
+    assert error.item() == pytest.approx(eps, rel=0.02)
+
+    dst = tmp_path / "gated"
+    args = ["convert", str(src), str(dst), "--from", "qwen3", "--verify"]
+    if verified:
+        assert main(args) == 0
+        assert f"verified: logits agree to {eps:.2g}" in capsys.readouterr().err
+        assert (dst / "config.json").exists()
+    else:
+        line = cli_refuses(capsys, args, "verification failed", dst, code=1)
+        assert f"differ from the source's by {eps:.3g}" in line and "the tolerance is 0.001" in line
+
+
 # ----------------------------------------------------------------- structure: checked whatever --verify says
 def _patched_import(monkeypatch, edit):
     """Every import plan (`plans.plan_import`, what `--from` writes) edited by `edit(plan)` before it is written."""
