@@ -453,10 +453,13 @@ def test_reproduce_smoke_preset_end_to_end(tmp_path, capsys):
     seq_len, analysed = report["preset"]["seq_len"], report["preset"]["analysis_documents"]
     assert run["heldout_loss"] == pytest.approx(mean_nll(model, heldout[: report["preset"]["eval_documents"],
                                                                          :seq_len]), rel=1e-5)
-    again = analyze(model, heldout[:analysed, :seq_len], batch_size=8)
+    # F-Attn from the eager attention probabilities, the gate mean from the gate's weights (not analyze() again).
+    attentions, hidden = eager_outputs(model, heldout[:analysed, :seq_len])
     assert run["analysis"]["summary"]["first_token_attention"] == pytest.approx(
-        again["summary"]["first_token_attention"], rel=1e-5)
-    assert run["analysis"]["summary"]["gate_mean"] == pytest.approx(again["summary"]["gate_mean"], rel=1e-5)
+        torch.stack([weights[:, :, 1:, 0].mean() for weights in attentions]).mean().item(), rel=1e-5)
+    gate_means = [torch.sigmoid(rms_norm(hidden[i], block.input_layernorm.weight, model.config.rms_norm_eps)
+                                @ block.self_attn.gate.g_proj.weight.T).mean() for i, block in enumerate(model.model.layers)]
+    assert run["analysis"]["summary"]["gate_mean"] == pytest.approx(torch.stack(gate_means).mean().item(), rel=1e-5)
     # F-Attn at the queries that are not triggers, by hand from the per-query attention of the saved model.
     docs = heldout[:analysed, :seq_len]
     per_query = first_token_attention_per_query(model, docs)[..., 1:].double().mean(dim=(1, 2))  # [N, S-1]
@@ -543,9 +546,14 @@ def test_analyze_and_eval_ppl_commands(tmp_path, capsys):
                  "--sequences", "2", "--batch-size", "2", "--out", str(out), "--map-layers", "0", "2",
                  "--map-tokens", "5"]) == 0
     report = json.loads((out / "report.json").read_text())
-    direct = analyze(model, tokens[:, :40])
-    assert report["summary"]["first_token_attention"] == pytest.approx(direct["summary"]["first_token_attention"])
-    assert report["summary"]["max_activation"] == pytest.approx(direct["summary"]["max_activation"])
+    # The report's F-Attn and M-Act against the saved model's eager attention probabilities and layer outputs.
+    attentions, hidden = eager_outputs(GatedQwenForCausalLM.from_pretrained(folder).eval(), tokens[:, :40])
+    first_token = torch.stack([weights[:, :, 1:, 0].mean() for weights in attentions])  # [layers]
+    assert report["summary"]["first_token_attention"] == pytest.approx(first_token.mean().item(), rel=1e-5)
+    assert [entry["first_token_attention"] for entry in report["layers"]] == pytest.approx(first_token.tolist(),
+                                                                                           rel=1e-5)
+    assert report["summary"]["max_activation"] == pytest.approx(max(h.abs().max().item() for h in hidden[1:]),
+                                                                rel=1e-5)
     for name in ("report.md", "attention_maps.png", "first_token_attention.png", "max_activation.png",
                  "first_token_attention_by_position.png", "gate_histograms.png"):
         assert (out / name).stat().st_size > 0, name
