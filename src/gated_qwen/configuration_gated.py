@@ -349,7 +349,17 @@ class GatedQwenConfig(Qwen3Config):
             else:
                 plan[f"{attn}.gate.logits"] = "colwise"
                 plan[f"{attn}.gate"] = "local_params"  # the gate computes with its local rows of `logits`
-        return plan | {f"{mlp}.gate_proj": "colwise", f"{mlp}.up_proj": "colwise", f"{mlp}.down_proj": "rowwise"}
+        plan |= {f"{mlp}.gate_proj": "colwise", f"{mlp}.up_proj": "colwise", f"{mlp}.down_proj": "rowwise"}
+        return plan | self.__dict__.get("base_model_tp_plan", {})
+
+    @base_model_tp_plan.setter
+    def base_model_tp_plan(self, plan: dict[str, str]) -> None:
+        # Transformers 5.17-5.19 add their rule for tied input embeddings ("embed_tokens": "embedding_rowwise") to the
+        # config's plan (5.24 adds it to the model's). The rules this property does not derive are kept in the
+        # instance dict under the property's name, which Transformers leaves out of config.json.
+        self.__dict__["base_model_tp_plan"] = {}
+        derived = self.base_model_tp_plan
+        self.__dict__["base_model_tp_plan"] = {rule: style for rule, style in plan.items() if derived.get(rule) != style}
 
     # ----------------------------------------------------------------------------------------- presets
     @classmethod
@@ -458,7 +468,7 @@ class GatedQwenMoeConfig(GatedQwenConfig):
         dense = set(self.mlp_only_layers or [])
         return [i for i in range(self.num_hidden_layers) if i not in dense and (i + 1) % self.decoder_sparse_step == 0]
 
-    @property
+    @GatedQwenConfig.base_model_tp_plan.getter
     def base_model_tp_plan(self) -> dict[str, str]:
         """GatedQwenConfig's plan (the dense MLP's rules only where some layer keeps it), Qwen3-MoE's expert rules
         (the router is replicated) and Qwen3-Next's shared-expert rules when there is one."""

@@ -206,6 +206,13 @@ class GatedQwenGate(nn.Module):
             if position == "sdpa" and self.transform == "rmsnorm":
                 return self.sdpa_norm(y)
             return y
+        if logits.dim() == 2 and position != "dense" and logits.shape[0] not in (1, y.shape[-2]):
+            raise ValueError(
+                f"the input-independent gate holds logits for {logits.shape[0]} heads but this attention computes "
+                f"{y.shape[-2]}: tensor parallelism split the heads but not `gate.logits` (vLLM's Transformers "
+                "backend shards linear layers only). Serve this model without tensor parallelism or, a G1 sigmoid gate, "
+                "as its export (`gated-qwen convert --to qwen3_5`), which vLLM's own Qwen3.5 model shards."
+            )
         scores = self.activation(logits).to(y.dtype)
         if position == "dense":
             scores = scores.flatten(-2)  # one "head" as wide as the hidden state
@@ -223,8 +230,8 @@ class GatedQwenGate(nn.Module):
 # pass; the forward pass is unchanged.
 if is_torch_distributed_available():
     import torch.distributed as dist
-    from transformers.distributed.parallel_utils import ALL_PARALLEL_STYLES
-    from transformers.distributed.tensor_parallel import TensorParallelLayer
+
+    from .transformers_compat import ALL_PARALLEL_STYLES, TensorParallelLayer
 
     class _SumGradientOverRanks(torch.autograd.Function):
         """Identity forward; the backward all-reduces (sums) the incoming gradient over the process group."""

@@ -23,7 +23,6 @@ from torch import nn
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.generation import GenerationMixin
-from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 from transformers.modeling_layers import (
     GenericForQuestionAnswering,
     GenericForSequenceClassification,
@@ -31,7 +30,7 @@ from transformers.modeling_layers import (
     GradientCheckpointingLayer,
 )
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel, slice_logits_to_keep
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
 from transformers.models.qwen3.modeling_qwen3 import (
     Qwen3Attention,
     Qwen3MLP,
@@ -49,6 +48,13 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 from .configuration_gated import GatedQwenConfig
 from .gated_attention_backend import gated_triton_is_default  # registers attn_implementation="gated_triton"
 from .gating import FUSED_GATE_BACKENDS, GatedQwenGate
+from .transformers_compat import (
+    CACHE_FIELD,
+    create_causal_mask,
+    create_sliding_window_causal_mask,
+    output_cache,
+    slice_logits_to_keep,
+)
 
 
 class GatedQwenRMSNorm(Qwen3RMSNorm):
@@ -127,7 +133,9 @@ class GatedQwenAttention(Qwen3Attention):
             **kwargs,
         )
         if not fused:
-            attn_output = self.gate.apply("sdpa", attn_output, gate_logits)
+            # The attention interface promises only an output that reshapes to `[*input_shape, -1]`: Transformers'
+            # backends return `[B, S, H, D]`, vLLM's `[tokens, H * D]`. The gate acts per head: `[*input_shape, H, D]`.
+            attn_output = self.gate.apply("sdpa", attn_output.reshape(hidden_shape), gate_logits)
 
         attn_output = self.o_proj(attn_output.reshape(*input_shape, -1).contiguous())
         attn_output = self.gate.apply("dense", attn_output, gate_logits)
@@ -349,7 +357,7 @@ class GatedQwenModel(GatedQwenPreTrainedModel):
                 **kwargs,
             )
         hidden_states = self.norm(hidden_states)
-        return self.output_class(last_hidden_state=hidden_states, cache=cache if use_cache else None)
+        return self.output_class(last_hidden_state=hidden_states, **{CACHE_FIELD: cache if use_cache else None})
 
 
 class GatedQwenForCausalLM(GatedQwenPreTrainedModel, GenerationMixin):
@@ -398,7 +406,7 @@ class GatedQwenForCausalLM(GatedQwenPreTrainedModel, GenerationMixin):
         return GatedQwenCausalLMOutputWithPast(
             loss=loss,
             logits=logits,
-            cache=outputs.cache,
+            **{CACHE_FIELD: output_cache(outputs)},
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
             gate_logits=outputs.gate_logits,

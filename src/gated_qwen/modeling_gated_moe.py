@@ -26,7 +26,6 @@ from transformers.modeling_layers import (
     GenericForTokenClassification,
 )
 from transformers.modeling_outputs import MoeCausalLMOutputWithPast, MoeModelOutputWithPast
-from transformers.modeling_utils import slice_logits_to_keep
 from transformers.models.qwen3_moe.modeling_qwen3_moe import (
     Qwen3MoeExperts,
     Qwen3MoeMLP,
@@ -44,6 +43,7 @@ from .modeling_gated import (
     GatedQwenModel,
     GatedQwenPreTrainedModel,
 )
+from .transformers_compat import CACHE_FIELD, output_cache, slice_logits_to_keep
 
 
 class GatedQwenMoeMLP(Qwen3MoeMLP):
@@ -249,7 +249,7 @@ class GatedQwenMoeForCausalLM(GatedQwenMoePreTrainedModel, GenerationMixin):
             loss=loss,
             aux_loss=aux_loss,
             logits=logits,
-            cache=outputs.cache,
+            **{CACHE_FIELD: output_cache(outputs)},
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
             router_logits=outputs.router_logits,

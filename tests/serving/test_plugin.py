@@ -1,0 +1,55 @@
+"""gated_qwen's vLLM plugin (`vllm.general_plugins` entry point; `gated_qwen.vllm_model`): dense native folders
+served with vLLM's own layers and the gate, every variant, as Transformers computes them (the checks of
+test_offline.py), and with 2-way tensor parallelism, which here also splits the input-independent gate's logits.
+`model_impl="vllm"` makes vLLM take the model from its registry, where the plugin put it."""
+
+from importlib.metadata import entry_points
+
+import pytest
+from cases import NATIVE, SERVING
+from vllm_helpers import (
+    CONTROL_MARGIN,
+    LOGPROB_TOLERANCE,
+    architecture,
+    distance_to_control,
+    gates,
+    greedy,
+    max_logprob_difference,
+    release,
+    serve,
+)
+
+
+def test_the_plugin_is_installed_where_vllm_finds_it():
+    plugins = {ep.name: ep.value for ep in entry_points(group="vllm.general_plugins")}
+    assert plugins.get("gated_qwen") == "gated_qwen.vllm_plugin:register"
+
+
+def check(models, name, tensor_parallel=1):
+    case = models["cases"][name]
+    llm = serve(models["root"] / case["folder"], impl="vllm", tensor_parallel=tensor_parallel)
+    try:
+        served = llm.apply_model(architecture)
+        served_gates = llm.apply_model(gates)[0]
+        answers = greedy(llm, models["prompts"], models["new_tokens"])
+    finally:
+        release(llm)
+    assert served == ["GatedQwenForCausalLM"] * tensor_parallel
+    config = NATIVE[name]
+    gated_layers = config.get("gate_layers") or range(SERVING["num_hidden_layers"])
+    assert served_gates == ([config["gate_position"]] * len(gated_layers) if config["gate_position"] else [])
+    assert [a["tokens"] for a in answers] == [r["tokens"] for r in case["reference"]]
+    assert max_logprob_difference(answers, case["reference"]) <= LOGPROB_TOLERANCE
+    if case["control"] is not None:
+        assert distance_to_control(answers, case["control"]) > CONTROL_MARGIN
+
+
+@pytest.mark.parametrize("name", NATIVE)
+def test_plugin_serves_as_transformers_computes(models, name):
+    check(models, name)
+
+
+@pytest.mark.parametrize("name", ["g1_elementwise", "g1_input_independent", "g2_value"])
+def test_plugin_with_two_ranks(models, name, monkeypatch):
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+    check(models, name, tensor_parallel=2)
