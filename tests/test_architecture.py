@@ -90,7 +90,7 @@ def test_transformers_reverse_loading_mapping_check(tmp_path, model_class, confi
     assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
 
 
-SHIPPED = {"configuration_gated.py", "modeling_gated.py", "gating.py", "gated_attention.py",
+SHIPPED = {"configuration_gated.py", "modeling_gated.py", "gating.py", "transformers_compat.py", "gated_attention.py",
            "gated_attention_backend.py", "gated_attention_backward.py", "gated_attention_common.py",
            "gated_attention_decode.py", "gated_attention_forward.py", "gated_attention_naive.py",
            "gated_attention_prologue.py", "gated_attention_selfcheck.py"}

@@ -367,9 +367,12 @@ def test_gated_to_qwen3_5_loads_in_stock_class_and_back(tmp_path, fields):
     model = randomize_(GatedQwenForCausalLM(config))
     model.save_pretrained(tmp_path / "gated")
     reference = logits(model)
-    convert(tmp_path / "gated", tmp_path / "q35", to_format="qwen3_5", verify=False)
+    convert(tmp_path / "gated", tmp_path / "q35", to_format="qwen3_5", verify=False,
+            allow_o_proj_bias=config.attention_bias)
     stock = load(Qwen3_5ForCausalLM, tmp_path / "q35")
     assert set(stock.config.layer_types) == {"full_attention"}
+    # vLLM reads the q/k/v bias flag from qkv_bias (tests/serving serves these exports with vLLM)
+    assert json.loads((tmp_path / "q35" / "config.json").read_text()).get("qkv_bias", False) == stock.config.attention_bias
     assert stock.config.rope_parameters["partial_rotary_factor"] == 1.0
     torch.testing.assert_close(logits(stock), reference, rtol=1e-5, atol=1e-5)
     convert(tmp_path / "q35", tmp_path / "back", from_format="qwen3_5", verify=False)
@@ -540,13 +543,32 @@ def test_bad_source_is_refused_with_one_line(qwen3_sources, tmp_path, capsys, ca
         cli_refuses(capsys, ["convert", str(src), str(tmp_path / "dst"), *flags, verify], message, tmp_path / "dst")
 
 
-@pytest.mark.parametrize("target", ["qwen3_5", "release", "qwen3_next"])
+@pytest.mark.parametrize("target", ["qwen3_5", "release"])
 def test_export_of_weights_that_do_not_match_their_config_is_refused(gated_source, tmp_path, capsys, target):
     src = tmp_path / "src"
     shutil.copytree(gated_source, src)
     edit_json(src / "config.json", num_key_value_heads=1)
     cli_refuses(capsys, ["convert", str(src), str(tmp_path / "dst"), "--to", target, "--no-verify"],
                 "k_proj.weight is [16, 32] where the config implies [8, 32]", tmp_path / "dst")
+
+
+def test_exports_that_vllm_would_compute_wrongly_are_refused(tmp_path, capsys):
+    """An o_proj bias (Qwen3's attention_bias), which vLLM's Qwen3.5 / Qwen3-Next drop without a word, is refused
+    naming the native folder and the flag (with the flag: written for stock Transformers, with a warning); a dense
+    model to Qwen3-Next, which vLLM refuses, names --to qwen3_5. tests/serving checks vLLM's side."""
+    randomize_(GatedQwenForCausalLM(GatedQwenConfig(**TINY, attention_bias=True))).save_pretrained(tmp_path / "bias")
+    randomize_(GatedQwenForCausalLM(GatedQwenConfig(**TINY))).save_pretrained(tmp_path / "dense")
+    for target in ("qwen3_5", "qwen3_next"):
+        cli_refuses(capsys, ["convert", str(tmp_path / "bias"), str(tmp_path / "dst"), "--to", target],
+                    "attention_bias=True, an o_proj bias" if target == "qwen3_5" else "--to qwen3_5", tmp_path / "dst")
+    line = cli_refuses(capsys, ["convert", str(tmp_path / "dense"), str(tmp_path / "dst"), "--to", "qwen3_next"],
+                       "this model is dense", tmp_path / "dst")
+    assert "use --to qwen3_5" in line
+    cli_refuses(capsys, ["convert", str(tmp_path / "dense"), str(tmp_path / "dst"), "--to", "release",
+                         "--allow-o-proj-bias"], "--allow-o-proj-bias applies to --to qwen3_5", tmp_path / "dst")
+    assert main(["convert", str(tmp_path / "bias"), str(tmp_path / "q35"), "--to", "qwen3_5", "--allow-o-proj-bias"]) == 0
+    assert "warning: Qwen3.5's o_proj bias is written as asked" in capsys.readouterr().err
+    assert json.loads((tmp_path / "q35" / "config.json").read_text())["qkv_bias"] is True
 
 
 def test_bad_destination_is_refused_before_any_work(qwen3_sources, tmp_path, capsys, monkeypatch):

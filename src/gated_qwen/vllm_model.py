@@ -35,7 +35,6 @@ from vllm.model_executor.models.qwen3 import Qwen3Attention
 from vllm.model_executor.models.utils import (
     AutoWeightsLoader,
     PPMissingLayer,
-    WeightsMapper,
     extract_layer_index,
     maybe_prefix,
 )
@@ -43,12 +42,6 @@ from vllm.model_executor.utils import set_weight_attrs
 from vllm.sequence import IntermediateTensors
 
 from .gating import POSITIONS, GatedQwenGate
-
-# The gate's tensors as gated_qwen folders have stored them (`self_attn.g_proj.*`, `self_attn.gate_logits`,
-# `self_attn.sdpa_norm.*`) read into the module that holds them in memory (`self_attn.gate.*`); folders that store
-# the in-memory names already pass unchanged.
-GATE_NAMES = {".self_attn.g_proj.": ".self_attn.gate.g_proj.", ".self_attn.gate_logits": ".self_attn.gate.logits",
-              ".self_attn.sdpa_norm.": ".self_attn.gate.sdpa_norm."}
 
 
 def _vllm_gate(config, layer_idx: int, prefix: str, quant_config: QuantizationConfig | None) -> GatedQwenGate:
@@ -146,8 +139,7 @@ class GatedQwenVllmDecoderLayer(nn.Module):
 @support_torch_compile(dynamic_arg_dims={"input_ids": 0, "positions": -1, "intermediate_tensors": 0,
                                          "inputs_embeds": 0})
 class GatedQwenVllmModel(Qwen2Model):
-    hf_to_vllm_mapper = Qwen2Model.hf_to_vllm_mapper | WeightsMapper(orig_to_new_substr=GATE_NAMES)
-
+    # The gate's tensors have the same names on disk as in memory (`self_attn.gate.*`): Qwen2's mapping suffices.
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         super().__init__(vllm_config=vllm_config, prefix=prefix, decoder_layer_type=GatedQwenVllmDecoderLayer)
 
@@ -185,5 +177,4 @@ class GatedQwenForCausalLM(nn.Module):
         return self.logits_processor(self.lm_head, hidden_states)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        skip = ["lm_head."] if self.config.tie_word_embeddings else None
-        return AutoWeightsLoader(self, skip_prefixes=skip).load_weights(weights)  # the model maps the names
+        return AutoWeightsLoader(self).load_weights(weights)  # the model maps q/k/v and gate/up to the fused layers

@@ -6,7 +6,8 @@ serving one: this is what a user has who trains with gated-qwen and then serves.
 for every prompt of `PROMPTS`, Transformers' greedy continuation and the log-probability of each chosen token in
 float32, computed with the classes a user would load the folder with: `GatedQwen*ForCausalLM` for a native folder,
 stock `Qwen3_5ForCausalLM` / `Qwen3NextForCausalLM` for an export. It also records the same for the control: the
-same weights with the gate removed (for an export, its source's), which vLLM's answer must not match.
+same weights with the gate removed (for an export, its source's), which vLLM's answer must not match. The exports
+`gated-qwen convert` refuses (`cases.REFUSED`) are written anyway, to show what vLLM does with them.
 
 usage: python tests/serving/build_models.py OUT [CASE ...]   ->   OUT/CASE/ (the folder), OUT/manifest.json
 """
@@ -20,7 +21,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE)]  # tests/ (helpers) and this folder (cases)
 
-from cases import EXPORTS, MOE, NATIVE, NEW_TOKENS, PROMPTS, SERVING  # noqa: E402
+from cases import EXPORTS, MOE, NATIVE, NEW_TOKENS, PROMPTS, REFUSED, SERVING  # noqa: E402
 from helpers import TINY_MOE, randomize_  # noqa: E402
 from transformers_answers import greedy  # noqa: E402
 
@@ -70,7 +71,8 @@ def main(out: Path, cases: list[str]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     manifest = {}
     natives = {}
-    for name in [c for c in cases if c in NATIVE or c in MOE] + [EXPORTS[c][0] for c in cases if c in EXPORTS]:
+    sources = [EXPORTS[c][0] for c in cases if c in EXPORTS] + [REFUSED[c][0] for c in cases if REFUSED.get(c, [0])[0]]
+    for name in [c for c in cases if c in NATIVE or c in MOE] + sources:
         if name in natives:
             continue
         model = build(name)
@@ -89,6 +91,23 @@ def main(out: Path, cases: list[str]) -> None:
         assert type(stock).__module__.startswith("transformers.models."), type(stock)  # stock, not gated_qwen
         manifest[name] = {"folder": name, "kind": fmt, "source": source, "reference": greedy(stock),
                           "control": manifest[source]["control"], "moe": source in MOE}
+    for name in [c for c in cases if c in REFUSED]:
+        source, fmt = REFUSED[name]
+        if source is None:  # what vLLM's Qwen3-Next refuses: no sparse layer
+            from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+            config = Qwen3NextConfig(**SERVING, layer_types=["full_attention"] * SERVING["num_hidden_layers"],
+                                     num_experts=0, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                                     "partial_rotary_factor": 1.0})
+            stock = randomize_(Qwen3NextForCausalLM(config), seed=1, norm_center=0.0).eval()
+            stock.save_pretrained(out / name)
+        else:
+            convert(out / source, out / name, to_format=fmt, allow_o_proj_bias=True)
+            from transformers import AutoModelForCausalLM
+
+            stock = AutoModelForCausalLM.from_pretrained(out / name, dtype=torch.float32).eval()
+        manifest[name] = {"folder": name, "kind": fmt, "source": source, "reference": greedy(stock), "control": None,
+                          "moe": False}
     if "g1_elementwise" in natives:
         save_tokenizer(out / "g1_elementwise")
     (out / "manifest.json").write_text(json.dumps({"prompts": PROMPTS, "new_tokens": NEW_TOKENS, "cases": manifest},
@@ -96,4 +115,4 @@ def main(out: Path, cases: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2:] or [*NATIVE, *MOE, *EXPORTS])
+    main(Path(sys.argv[1]), sys.argv[2:] or [*NATIVE, *MOE, *EXPORTS, *REFUSED])

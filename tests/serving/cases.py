@@ -16,6 +16,7 @@ NATIVE = {
     "g1_gate_layers": dict(gate_position="sdpa", gate_layers=[1]),
     "g1_input_independent": dict(gate_position="sdpa", gate_input_dependent=False),
     "g1_bias": dict(gate_position="sdpa", gate_bias=True),
+    "g1_attention_bias": dict(gate_position="sdpa", attention_bias=True),
     "g1_add_silu": dict(gate_position="sdpa", gate_combine="add", gate_activation="silu"),
     "g1_ns_sigmoid_headwise_shared": dict(gate_position="sdpa", gate_activation="ns_sigmoid",
                                           gate_granularity="headwise", gate_shared_across_heads=True),
@@ -39,6 +40,13 @@ EXPORTS = {
     "qwen3_5_g1_head_shared": ("g1_head_shared", "qwen3_5"),
     "qwen3_5_g1_gate_layers": ("g1_gate_layers", "qwen3_5"),
     "qwen3_5_g1_input_independent": ("g1_input_independent", "qwen3_5"),
+    "qwen3_5_g1_bias": ("g1_bias", "qwen3_5"),
     "qwen3_next_moe_g1": ("moe_g1", "qwen3_next"),
     "qwen3_next_moe_g1_dense_layer": ("moe_g1_dense_layer", "qwen3_next"),
+}
+# Exports that `gated-qwen convert` refuses, written anyway (the flag, or stock Transformers) to show vLLM's side:
+# name -> (the case it exports or None for a stock folder, the format)
+REFUSED = {
+    "qwen3_5_o_proj_bias_allowed": ("g1_attention_bias", "qwen3_5"),  # --allow-o-proj-bias
+    "qwen3_next_dense_stock": (None, "qwen3_next"),  # a dense Qwen3NextForCausalLM saved by Transformers
 }

@@ -15,6 +15,7 @@ from vllm_helpers import (
     gates,
     greedy,
     max_logprob_difference,
+    module_of,
     release,
     serve,
 )
@@ -30,11 +31,13 @@ def check(models, name, tensor_parallel=1):
     llm = serve(models["root"] / case["folder"], impl="vllm", tensor_parallel=tensor_parallel)
     try:
         served = llm.apply_model(architecture)
+        modules = llm.apply_model(module_of)
         served_gates = llm.apply_model(gates)[0]
         answers = greedy(llm, models["prompts"], models["new_tokens"])
     finally:
         release(llm)
     assert served == ["GatedQwenForCausalLM"] * tensor_parallel
+    assert modules == ["gated_qwen.vllm_model"] * tensor_parallel  # vLLM's layers, not the Transformers backend
     config = NATIVE[name]
     gated_layers = config.get("gate_layers") or range(SERVING["num_hidden_layers"])
     assert served_gates == ([config["gate_position"]] * len(gated_layers) if config["gate_position"] else [])

@@ -13,6 +13,11 @@ def architecture(model) -> str:
     return type(model).__name__
 
 
+def module_of(model) -> str:
+    """The module that defines the class vLLM serves with."""
+    return type(model).__module__
+
+
 def gates(model) -> list[str]:
     """The positions of the gated_qwen gates in the served model (empty where vLLM's own model runs)."""
     return [m.position for m in model.modules() if type(m).__name__ == "GatedQwenGate" and m.position]

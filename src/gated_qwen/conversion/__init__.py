@@ -74,7 +74,7 @@ def _refusals_as_conversion_errors(flag: str) -> Iterator[None]:
         raise ConversionError(f"{flag}: {error}") from None
 
 
-def _plan(name: str, export: bool, ckpt, add_gate):
+def _plan(name: str, export: bool, ckpt, add_gate, export_options: dict):
     """`(config to write, plan)` of format `name`'s import or export, with a config.json whose values the config
     classes refuse reported as such."""
     from huggingface_hub.errors import StrictDataclassError
@@ -86,7 +86,7 @@ def _plan(name: str, export: bool, ckpt, add_gate):
     fmt = description(name)
     try:
         if export:
-            return fmt.export(ckpt)
+            return fmt.export(ckpt, **export_options)
         reads = FORMATS[name].reads
         if ckpt.config.get("model_type") not in reads:
             raise ConversionError(f"SRC has model_type={ckpt.config.get('model_type')!r}; `--from {name}` reads "
@@ -105,6 +105,10 @@ def _plan(name: str, export: bool, ckpt, add_gate):
         ) from None
 
 
+# The exports that serving engines read with their own models and whose o_proj bias they drop (see qwen3_5.py).
+O_PROJ_BIAS_FORMATS = ("qwen3_5", "qwen3_next")
+
+
 def convert(
     src: str | os.PathLike,
     dst: str | os.PathLike,
@@ -116,6 +120,7 @@ def convert(
     allow_pickle: bool = False,
     verify: bool | None = None,
     max_shard_size: int | str | None = None,
+    allow_o_proj_bias: bool = False,
 ) -> Path:
     """Converts the checkpoint folder `src` into the new folder `dst` and returns `dst`.
 
@@ -123,7 +128,9 @@ def convert(
     checkpoint; one of `TO_FORMATS`). `add_gate`: only with `from_format="qwen3"` (or `"qwen3_moe"`), `"elementwise"`,
     `"headwise"` or a dict / JSON object of gate fields. `max_shard_size` (bytes or e.g. `"2GB"`) defaults to half
     the size of the largest weight file of `src`: peak memory is about one output shard plus the imports (~0.45 GB),
-    which keeps it within 1.5x the largest input shard for shards of 0.5 GB or more. Raises `ConversionError` (a
+    which keeps it within 1.5x the largest input shard for shards of 0.5 GB or more. `allow_o_proj_bias`: with
+    `to_format="qwen3_5"` or `"qwen3_next"`, export a model with Qwen3's `attention_bias` (an o_proj bias, which
+    stock Transformers computes and vLLM's models drop) instead of refusing it. Raises `ConversionError` (a
     `ValueError`) with the reason, and `VerificationError` if verification fails; nothing is written then.
     """
     if (from_format is None) == (to_format is None):
@@ -136,6 +143,10 @@ def convert(
     if add_gate is not None and (export or not FORMATS[name].takes_gate):
         gated = " and ".join(f"`--from {f}`" for f in FROM_FORMATS if FORMATS[f].takes_gate)
         raise ConversionError(f"--add-gate applies to {gated} only (stock checkpoints without a gate).")
+    if allow_o_proj_bias and to_format not in O_PROJ_BIAS_FORMATS:
+        raise ConversionError(f"--allow-o-proj-bias applies to {' and '.join(f'--to {f}' for f in O_PROJ_BIAS_FORMATS)} "
+                              "only.")
+    export_options = {"allow_o_proj_bias": True} if allow_o_proj_bias else {}
     from .io import Checkpoint, carry_files, parse_size, write_weights
     from .structure import check_plan, check_source, check_written
 
@@ -144,7 +155,7 @@ def convert(
     flag = f"{'--to' if export else '--from'} {name}"
     with _refusals_as_conversion_errors(flag), output_folder(dst, inputs=[src], overwrite=overwrite, label="DST") as tmp:
         ckpt = Checkpoint(src, allow_pickle=allow_pickle)
-        out_config, plan = _plan(name, export, ckpt, add_gate)
+        out_config, plan = _plan(name, export, ckpt, add_gate, export_options)
         src_kind = "release" if name == "release" and not export else ckpt.config["model_type"]
         result_kind = FORMATS[name].writes if export else out_config.model_type  # gated_qwen or gated_qwen_moe
         check_source(ckpt, src_kind)

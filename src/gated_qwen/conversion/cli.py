@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
                               "PATH.")
     convert(args.src, args.dst, from_format=args.from_format, to_format=args.to_format, add_gate=args.add_gate,
             overwrite=args.overwrite, allow_pickle=args.allow_pickle, verify=args.verify,
-            max_shard_size=args.max_shard_size)
+            max_shard_size=args.max_shard_size, allow_o_proj_bias=args.allow_o_proj_bias)
     return 0
 
 
@@ -68,6 +68,10 @@ def register(subparsers) -> None:
     parser.add_argument("--max-shard-size", default=None, metavar="SIZE",
                         help="largest output shard, e.g. 2GB (default: half the largest weight file of SRC; peak "
                              "memory is about one output shard)")
+    parser.add_argument("--allow-o-proj-bias", action="store_true",
+                        help="with --to qwen3_5 / qwen3_next: export a model with attention_bias (an o_proj bias) "
+                             "anyway, with a warning; stock Transformers computes it, vLLM drops that bias "
+                             "(refused without this flag)")
     parser.add_argument("--clean", metavar="PATH", default=None,
                         help="instead of converting: remove the staging folders (.NAME.writing-*, .NAME.replaced-*) "
                              "that killed runs left beside PATH or inside the folder PATH, when their process has "

@@ -16,12 +16,18 @@ the function:
 - `layer_types` may mix `linear_attention` (Gated DeltaNet) and `full_attention`: export writes all
   `full_attention`, import requires that.
 - `attention_bias` puts a bias on q (gate rows included), k, v and o together; missing biases are written as zeros.
+  Serving engines read it otherwise: vLLM's Qwen3.5 / Qwen3-Next attention takes the q/k/v bias from `qkv_bias`, has
+  no o_proj bias, and skips bias tensors it does not expect without a word. The export therefore also writes
+  `qkv_bias` (a gate bias, whose o_proj bias is zeros, is then exact in vLLM too) and refuses a model with Qwen3's
+  `attention_bias` (an o_proj bias those engines drop), naming the native folder, unless `allow_o_proj_bias` (the
+  command line's `--allow-o-proj-bias`) asks for it anyway, for stock Transformers, with a warning.
 - Multi-token-prediction heads (`mtp.*`) are not part of the causal LM: left out, as the stock classes do.
 
 Export covers every G1 sigmoid multiplicative gate exactly: headwise and head-shared gates are repeated over the
 elements / heads they share; layers without a gate and input-independent gates become zero gate rows (sigmoid 0.5)
 with o_proj's columns multiplied by 2·(gate value). Other gates are refused with the reason. Qwen3-Next's sparse
-layers always have a shared expert, so a GatedQwen-MoE exports to it only with one. Import gives a G1 elementwise
+layers always have a shared expert, so a GatedQwen-MoE exports to it only with one; a dense model is refused,
+naming `--to qwen3_5` (vLLM's Qwen3-Next needs a sparse layer). Import gives a G1 elementwise
 sigmoid GatedQwen (a GatedQwen-MoE for a Qwen3-Next with experts); `--from qwen3_5` refuses mixture-of-experts
 layers, naming `--from qwen3_next`. Qwen3-Next has no router z-loss: `router_z_loss_coef` is not carried over.
 """
@@ -162,8 +168,17 @@ QWEN3_5_RULES = (
 
 
 # ------------------------------------------------------------------------------------------------------ export
-def plan_gated_to_qwen3_5(ckpt: Checkpoint):
+O_PROJ_BIAS_REFUSAL = (
+    "this model has attention_bias=True, an o_proj bias, which vLLM's Qwen3.5 / Qwen3-Next attention does not have "
+    "and drops without a word; serve the native gated_qwen folder instead (docs/serving.md), "
+    "or pass --allow-o-proj-bias to write it for stock Transformers, which computes it exactly."
+)
+
+
+def plan_gated_to_qwen3_5(ckpt: Checkpoint, allow_o_proj_bias: bool = False):
     from transformers import Qwen3_5TextConfig
+
+    from ..outputs import say
 
     config = load_gated_config(ckpt)
     target = "Qwen3.5"
@@ -176,6 +191,11 @@ def plan_gated_to_qwen3_5(ckpt: Checkpoint):
             f"{target} has no sliding-window attention; layers {sliding} of this model are "
             f"{config.layer_types[sliding[0]]}."
         )
+    if config.attention_bias and not allow_o_proj_bias:
+        raise ConversionError(O_PROJ_BIAS_REFUSAL)
+    if config.attention_bias:
+        say(f"warning: {target}'s o_proj bias is written as asked (--allow-o-proj-bias): stock Transformers computes "
+            "this export exactly; vLLM drops that bias and computes something else.")
     gated = config.gate_position is not None
     bias = config.attention_bias or (gated and config.gate_bias)
     heads, head_dim = config.num_attention_heads, config.head_dim
@@ -210,16 +230,15 @@ def plan_gated_to_qwen3_5(ckpt: Checkpoint):
         layer_types=["full_attention"] * config.num_hidden_layers,
     )
     out = Qwen3_5TextConfig(**fields)
+    if bias:
+        out.qkv_bias = True  # where vLLM reads the q/k/v bias flag (Transformers reads attention_bias)
     out.architectures = ["Qwen3_5ForCausalLM"]
     out.dtype = source_dtype(ckpt.config)
     return out, tmap.finish()
 
 
-# The mixture-of-experts fields GatedQwenMoeConfig adds to GatedQwenConfig, and their defaults (a dense model's
-# Qwen3-Next export writes these with num_experts=0).
+# The mixture-of-experts fields GatedQwenMoeConfig adds to GatedQwenConfig.
 MOE_ONLY_FIELDS = sorted(set(GatedQwenMoeConfig.__dataclass_fields__) - set(GatedQwenConfig.__dataclass_fields__))
-DENSE_EXPERTS = {name: GatedQwenMoeConfig.__dataclass_fields__[name].default for name in MOE_ONLY_FIELDS} | {
-    "num_experts": 0}
 
 
 def _view(ckpt: Checkpoint, config: dict) -> Checkpoint:
@@ -229,21 +248,28 @@ def _view(ckpt: Checkpoint, config: dict) -> Checkpoint:
     return view
 
 
-def plan_gated_to_qwen3_next(ckpt: Checkpoint):
+def plan_gated_to_qwen3_next(ckpt: Checkpoint, allow_o_proj_bias: bool = False):
     from transformers import Qwen3NextConfig
 
     config = load_gated_config(ckpt, moe=True)
     moe = isinstance(config, GatedQwenMoeConfig)
-    if moe and config.shared_expert_intermediate_size == 0:
+    if not moe:
+        raise ConversionError(
+            "this model is dense, and a Qwen3-Next without a mixture-of-experts layer is refused by vLLM (\"No "
+            "Qwen3Next layer found\"); use --to qwen3_5, whose model computes the same function in Transformers and "
+            "vLLM. Nothing was written."
+        )
+    if config.shared_expert_intermediate_size == 0:
         raise ConversionError(
             "Qwen3-Next's sparse layers always have a shared expert; this model has none "
             "(shared_expert_intermediate_size=0), so it has no Qwen3-Next equivalent. Nothing was written."
         )
     # The attention part is Qwen3.5's: planned on a dense view of the config (the same tensors).
     dense = {k: v for k, v in ckpt.config.items() if k not in (*MOE_ONLY_FIELDS, "auto_map")}
-    out35, plan = plan_gated_to_qwen3_5(_view(ckpt, dict(dense, model_type=GatedQwenConfig.model_type)))
+    out35, plan = plan_gated_to_qwen3_5(_view(ckpt, dict(dense, model_type=GatedQwenConfig.model_type)),
+                                        allow_o_proj_bias)
 
-    experts = config.to_dict() if moe else DENSE_EXPERTS  # the tensors pass through
+    experts = config.to_dict()  # the tensors pass through
     fields = {k: getattr(out35, k) for k in QWEN3_FIELDS}
     fields.update({k: experts[k] for k in (*MOE_FIELDS, "shared_expert_intermediate_size")})
     fields.update(
@@ -251,6 +277,8 @@ def plan_gated_to_qwen3_next(ckpt: Checkpoint):
         layer_types=["full_attention"] * config.num_hidden_layers, mlp_only_layers=experts["mlp_only_layers"] or [],
     )
     out = Qwen3NextConfig(**fields)
+    if out35.attention_bias:
+        out.qkv_bias = True
     out.architectures = ["Qwen3NextForCausalLM"]
     out.dtype = out35.dtype
     return out, plan
