@@ -84,6 +84,13 @@ SINK_REMOVAL = 3.0  # baseline F-Attn at least this many times G1 elementwise's
 SPARSE_GATE = 0.3  # G1 elementwise's mean gate score at most this
 NEAR_ZERO = 0.1  # the gate histogram's most common bin lies below this score
 MASSIVE_ACTIVATION_RATIO = 2.0  # baseline M-Act at least this many times G1 elementwise's
+# Longer contexts (the paper's table 5: RULER with YaRN at 32k / 64k / 128k, gated 72.9 / 66.6 / 58.8 against the
+# baseline's 37.9 / 37.5 / 31.7) and low-bit inference, stated before the runs that decide them (issue 23):
+RECALL_AT_TRAINING_LENGTH = 0.9  # every long-context model retrieves at least this well at its training length
+RECALL_GAIN = 0.05  # with YaRN, G1's retrieval accuracy at each of 2x, 4x, 8x at least this far above the baseline's
+# ... and with YaRN, G1's perplexity at 8x the training length below the baseline's. Under each fake-quantization
+# scheme, G1 elementwise's relative perplexity increase (quantized / float - 1) below the baseline's, on the M-Act
+# models and on the main models.
 
 Results = dict[tuple[str, float, int], dict]  # (variant, learning rate, seed) -> train_and_measure's result
 
