@@ -145,6 +145,10 @@ def run_analyze(args) -> int:
         started = time.perf_counter()
         result = measure.analyze(model, ids, batch_size=args.batch_size, map_tokens=args.map_tokens,
                                  map_layers=map_layers, progress=ids.numel() >= 8192)
+        if args.quant:
+            from .quantize import perplexity_under_quantization
+
+            result["quantization"] = perplexity_under_quantization(model, ids, args.quant, args.batch_size)
         meta = {"model": args.model, "data": inputs.description, "sequences": ids.shape[0], "length": ids.shape[1],
                 "seconds": time.perf_counter() - started, "device": str(next(model.parameters()).device)}
         text = write_analysis(folder, result, meta)
@@ -205,6 +209,8 @@ def run_reproduce(args) -> int:
         max_grad_norm=0.0 if args.no_clip else None, bf16=args.bf16 or None, **size)
     if args.no_mact_model:
         preset = dataclasses.replace(preset, mact=None)
+    if args.no_long_context_model:
+        preset = dataclasses.replace(preset, long_context=None)
     variants = args.variants.split(",") if args.variants else list(reproduce.VARIANTS)
     unknown = [v for v in variants if v not in reproduce.VARIANTS]
     if unknown:
@@ -215,7 +221,8 @@ def run_reproduce(args) -> int:
         reproduce.model_config(preset, variant)  # a size the model refuses fails now, not in a worker
     out = dict(overwrite=args.overwrite, create_parents=True)
     check_output(args.out, **out)
-    runs = len(reproduce.planned_runs(preset, variants)) + len(reproduce.mact_runs(preset, variants))
+    runs = sum(len(runs(preset, variants)) for runs in (reproduce.planned_runs, reproduce.mact_runs,
+                                                         reproduce.long_context_runs))
     jobs = args.jobs or (1 if torch.cuda.is_available() else min(runs, os.cpu_count() or 1))
     device = (torch.cuda.get_device_name(0) if torch.cuda.is_available()
               else f"{os.cpu_count()} CPU cores ({reproduce.cpu_name()})")
@@ -228,6 +235,10 @@ def run_reproduce(args) -> int:
         if any(r["part"] == "mact" for r in results):
             save_file({"input_ids": reproduce.held_out(reproduce.mact_preset(preset)).contiguous()},
                       str(folder / "heldout_mact.safetensors"))
+        if any(r["part"] == "long" for r in results):
+            long = reproduce.long_context_preset(preset)
+            save_file({f"input_ids_{n}": reproduce.held_out(long, n).contiguous()
+                       for n in reproduce.extrapolation_lengths(long)}, str(folder / "heldout_long_context.safetensors"))
         meta = {"seeds": list(preset.seeds), "preset": args.preset, "jobs": jobs, "device": device,
                 "seconds": time.perf_counter() - started, "environment": reproduce.environment()}
         text = write_reproduce(folder, reproduce.preset_dict(preset), variants, preset.learning_rates, results, meta)
@@ -259,6 +270,17 @@ def _yarn_factor(text: str) -> float:
     return value
 
 
+def _quant_schemes(text: str) -> list[str]:
+    """`--quant`: comma-separated names of `quantize.SCHEMES`, or `all`."""
+    names = ["w8a8-tensor", "w8a8-token", "w4a8", "w4a4"]  # `quantize.SCHEMES`, listed without importing torch
+    chosen = names if text == "all" else [name.strip() for name in text.split(",")]
+    unknown = [name for name in chosen if name not in names]
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(f"unknown scheme(s) {', '.join(map(repr, unknown))}; give a comma-separated "
+                                         f"list of {', '.join(names)}, or all")
+    return list(dict.fromkeys(chosen))
+
+
 def _add_model_inputs(parser) -> None:
     parser.add_argument("model", metavar="MODEL", help="a GatedQwen model folder (save_pretrained)")
     source = parser.add_mutually_exclusive_group()
@@ -280,6 +302,10 @@ def register(subparsers) -> None:
     parser.add_argument("--sequences", type=_positive_int, default=1, help="sequences to average over (default 1)")
     parser.add_argument("--map-tokens", type=_positive_int, default=32, help="attention maps of the first N tokens")
     parser.add_argument("--map-layers", type=int, nargs="+", help="layers to draw (default: first, middle, last)")
+    parser.add_argument("--quant", type=_quant_schemes, metavar="SCHEMES",
+                        help="also the held-out perplexity under fake quantization of every decoder linear layer, in "
+                        "float and under each of these comma-separated schemes: w8a8-tensor, w8a8-token, w4a8, w4a4, "
+                        "or all (docs/analysis.md)")
     parser.set_defaults(func=run_analyze)
 
     parser = subparsers.add_parser("eval-ppl", help="perplexity against context length, with and without YaRN")
@@ -316,6 +342,9 @@ def register(subparsers) -> None:
     parser.add_argument("--no-mact-model", action="store_true",
                         help="skip the preset's deeper M-Act model (trained, as baseline and g1-elementwise, for the "
                         "massive-activation check; the options above change only the main models)")
+    parser.add_argument("--no-long-context-model", action="store_true",
+                        help="skip the preset's long-context model (baseline, g1-elementwise and g1-headwise on key -> "
+                        "value recall, evaluated at up to 8 times its training length)")
     parser.add_argument("--jobs", type=_positive_int, help="runs trained at once (default: one per CPU core on CPU)")
     parser.add_argument("--out", default="runs/reproduce", metavar="DIR", help="output folder (default runs/reproduce)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing non-empty --out")

@@ -10,6 +10,12 @@ make small; the paper's G1 gate lets it close instead.
 `SyntheticLanguage` (`--corpus repeats`) is a bigram chain in which spans are now and then copied from far back,
 from position `span[1]` on: heads have lookups to do from there, so sinks form mostly in the first tokens.
 
+`KeyValueRecall` (`--corpus recall`, the long-context model's) is a bigram chain with a few facts, each one token
+for a (key, value) pair, in the first half of a document, and in the second half each fact's query: its key, then
+its value. The value can only be known by finding the fact, which lies up to the whole document back; everywhere
+else the head has nothing to retrieve. Evaluated at several times the training length, it asks what the paper's
+RULER numbers ask: whether a model still finds what lies far back.
+
 Every document starts with BOS (id 0), as pretraining sequences do.
 """
 
@@ -133,4 +139,93 @@ class SyntheticLanguage:
         return ids
 
 
-CORPORA = {"bigram-backcopy": BigramBackcopy, "repeats": SyntheticLanguage}  # `reproduce --corpus NAME`
+@dataclass(frozen=True)
+class KeyValueRecall:
+    """Facts recalled from far back, over a bigram chain. Ids: 0 is BOS, then `fillers` ordinary tokens, `keys` key
+    tokens, `values` value tokens, and one fact token for every (key, value) pair (`fact_token`). `seed` fixes the
+    bigram table; `sample` draws documents with its own seed.
+
+    A document of length n is BOS and a bigram chain (each token followed by one of `successors` ordinary tokens,
+    a fixed random table over every token, uniformly), into which are written:
+    - `facts` fact tokens with distinct keys and uniformly drawn values, at distinct random positions of
+      [1, n // 2);
+    - in [n // 2, n - 1), one query per fact, in random order at random non-overlapping places: the fact's key,
+      then its value. The chain goes on after each written token from that token.
+    A value after a key (`recall_targets`) can only be predicted by finding the key's fact, 1 to n - 2 tokens back;
+    it is one of `values` equally likely tokens without it."""
+
+    fillers: int = 32
+    keys: int = 16
+    values: int = 16
+    facts: int = 4
+    successors: int = 8
+    seed: int = 0
+
+    def __post_init__(self):
+        if not 1 <= self.successors <= self.fillers:
+            raise ValueError(f"`successors` must be in [1, fillers = {self.fillers}], got {self.successors}.")
+        if not 1 <= self.facts <= self.keys:
+            raise ValueError(f"`facts` must be in [1, keys = {self.keys}] (their keys are distinct), got {self.facts}.")
+        if self.values < 1:
+            raise ValueError(f"`values` must be at least 1, got {self.values}.")
+
+    @property
+    def vocab_size(self) -> int:
+        return 1 + self.fillers + self.keys + self.values + self.keys * self.values
+
+    def key_token(self, key: torch.Tensor) -> torch.Tensor:
+        return 1 + self.fillers + key
+
+    def value_token(self, value: torch.Tensor) -> torch.Tensor:
+        return 1 + self.fillers + self.keys + value
+
+    def fact_token(self, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        return 1 + self.fillers + self.keys + self.values + key * self.values + value
+
+    def is_key(self, ids: torch.Tensor) -> torch.Tensor:
+        """`ids: [...]` -> bool `[...]`: which tokens are keys (in this corpus, only queries hold them)."""
+        return (ids > self.fillers) & (ids <= self.fillers + self.keys)
+
+    def recall_targets(self, ids: torch.Tensor) -> torch.Tensor:
+        """`ids: [N, S]` -> bool `[N, S]`: the positions that need recall (a value right after a key)."""
+        targets = torch.zeros_like(ids, dtype=torch.bool)
+        targets[:, 1:] = self.is_key(ids[:, :-1])
+        return targets
+
+    def min_length(self) -> int:
+        """The shortest document with room for the facts (first half) and their queries (second half)."""
+        return max(2 * (self.facts + 1), 4 * self.facts + 1)
+
+    def successor_table(self) -> torch.Tensor:
+        """`[vocab_size, successors]`: the ordinary tokens that may follow each token."""
+        g = torch.Generator().manual_seed(self.seed)
+        return 1 + torch.stack([torch.randperm(self.fillers, generator=g)[: self.successors]
+                                for _ in range(self.vocab_size)])
+
+    def sample(self, num_documents: int, length: int, seed: int = 0) -> torch.Tensor:
+        """-> `[num_documents, length]` int64 documents; column 0 is BOS."""
+        if num_documents < 1 or length < self.min_length():
+            raise ValueError(f"Need at least 1 document of at least {self.min_length()} tokens (room for "
+                             f"{self.facts} facts and their queries), got {num_documents} x {length}.")
+        table = self.successor_table()
+        g = torch.Generator().manual_seed(seed)
+        n, half = num_documents, length // 2
+        rows = torch.arange(n)[:, None]
+        written = torch.full((n, length), -1, dtype=torch.long)  # -1: the chain's token goes there
+        keys = torch.rand(n, self.keys, generator=g).argsort(-1)[:, : self.facts]  # [n, facts], distinct
+        values = torch.randint(self.values, (n, self.facts), generator=g)
+        fact_at = 1 + torch.rand(n, half - 1, generator=g).argsort(-1)[:, : self.facts]
+        written[rows, fact_at] = self.fact_token(keys, values)
+        slots = (length - 1 - half) // 2  # query slots: (key, value) at half + 2j, half + 2j + 1
+        query_at = half + 2 * torch.rand(n, slots, generator=g).argsort(-1)[:, : self.facts]
+        written[rows, query_at] = self.key_token(keys)
+        written[rows, query_at + 1] = self.value_token(values)
+        ids = torch.zeros(n, length, dtype=torch.long)
+        for i in range(1, length):
+            pick = torch.randint(self.successors, (n,), generator=g)
+            ids[:, i] = torch.where(written[:, i] >= 0, written[:, i], table[ids[:, i - 1], pick])
+        return ids
+
+
+CORPORA = {"bigram-backcopy": BigramBackcopy, "repeats": SyntheticLanguage,  # `reproduce --corpus NAME`
+           "recall": KeyValueRecall}

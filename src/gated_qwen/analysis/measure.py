@@ -6,7 +6,8 @@
 - M-Act: the maximum |hidden state| output by each decoder layer, and where it occurs;
 - mean |SDPA output| per layer before the gate and after it (what enters `o_proj`);
 - gate statistics per layer and head: mean score, histogram, share of scores below 0.1 and 0.5;
-- perplexity against context length, with and without YaRN.
+- perplexity against context length, with and without YaRN, and recall accuracy at the positions that need a
+  token from far back.
 
 Where the numbers come from, all through public interfaces: the gate logits of every layer from the model's own
 output capturing (`output_gate_logits=True`); the queries, keys and output of every attention call from a capturing
@@ -349,6 +350,31 @@ def mean_nll(model, input_ids: torch.Tensor, batch_size: int = 8) -> float:
     return total / count
 
 
+@torch.no_grad()
+def recall_accuracy(model, input_ids: torch.Tensor, targets: torch.Tensor, batch_size: int = 8) -> dict:
+    """How well `model` retrieves: at the positions `targets` marks (`[N, S]` bool, e.g. a value whose key's fact
+    lies far back; position 0 is never one), the share where its most likely next token, predicted from the
+    positions before, is the token there (`accuracy`), their mean negative log-likelihood (`nll`, nats) and their
+    number (`positions`). `input_ids: [N, S]`."""
+    if targets.shape != input_ids.shape or targets[:, 0].any():
+        raise ValueError(f"`targets` must be a bool mask of shape {tuple(input_ids.shape)} without position 0.")
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    hits, nll, count = 0, 0.0, 0
+    for batch, marked in zip(input_ids.split(batch_size), targets.split(batch_size)):
+        batch, marked = batch.to(device), marked[:, 1:].to(device)
+        logits = model(input_ids=batch, use_cache=False).logits[:, :-1]
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))[marked]  # [positions, vocab]
+        wanted = batch[:, 1:][marked]
+        hits += (logits.argmax(-1) == wanted).sum().item()
+        nll += F.cross_entropy(logits, wanted, reduction="sum").item()
+        count += wanted.numel()
+    model.train(was_training)
+    return {"accuracy": hits / count if count else math.nan, "nll": nll / count if count else math.nan,
+            "positions": count}
+
+
 def with_yarn(model, factor: float, original_max_position_embeddings: int | None = None):
     """A copy of `model` whose rotary embedding uses YaRN with `factor` (context `factor` times the original).
 
@@ -371,11 +397,13 @@ def with_yarn(model, factor: float, original_max_position_embeddings: int | None
 
 
 def perplexity_by_length(model, windows, lengths: list[int], yarn_factor: float | None = None,
-                         batch_size: int = 8) -> list[dict]:
-    """Perplexity of `model` at each context length, with and (if `yarn_factor`) without YaRN.
+                         batch_size: int = 8, recall_targets=None) -> list[dict]:
+    """Perplexity of `model` at each context length, without and (if `yarn_factor`) with YaRN.
 
     `windows(length) -> [N, length]` gives the held-out sequences for a length. Returns one dict per length:
-    `{"length", "sequences", "nll", "ppl"}` and, with YaRN, `"nll_yarn"`, `"ppl_yarn"`.
+    `{"length", "sequences", "nll", "ppl"}` and, with YaRN, `"nll_yarn"`, `"ppl_yarn"`. With
+    `recall_targets(ids) -> [N, length]` bool (the positions that need recall, e.g. `KeyValueRecall.recall_targets`),
+    also `"recall"` (and `"recall_yarn"`): `recall_accuracy` there.
     """
     yarn_model = with_yarn(model, yarn_factor) if yarn_factor else None
     rows = []
@@ -386,5 +414,10 @@ def perplexity_by_length(model, windows, lengths: list[int], yarn_factor: float 
         if yarn_model is not None:
             row["nll_yarn"] = mean_nll(yarn_model, ids, batch_size)
             row["ppl_yarn"] = math.exp(row["nll_yarn"])
+        if recall_targets is not None:
+            targets = recall_targets(ids)
+            row["recall"] = recall_accuracy(model, ids, targets, batch_size)
+            if yarn_model is not None:
+                row["recall_yarn"] = recall_accuracy(yarn_model, ids, targets, batch_size)
         rows.append(row)
     return rows

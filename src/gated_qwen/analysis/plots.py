@@ -163,20 +163,21 @@ def overview(first_token: dict[str, list[float]], max_act: dict[str, list[float]
     _save(fig, path)
 
 
-def extrapolation(rows: dict[str, list[dict]], train_length: int, path: Path) -> None:
-    """`rows`: `{name: perplexity_by_length rows}` -> perplexity against context length, solid without YaRN,
-    dashed with it; the training length marked."""
+def extrapolation(rows: dict[str, list[dict]], train_length: int, path: Path, value=lambda r: r["ppl"],
+                  yarn_value=lambda r: r["ppl_yarn"], ylabel: str = "perplexity") -> None:
+    """`rows`: `{name: perplexity_by_length rows}` -> `value` (default perplexity) against context length, solid
+    without YaRN, dashed with it (`yarn_value`, where the rows have YaRN); the training length marked."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.4))
     for i, (name, table) in enumerate(rows.items()):
         lengths = [r["length"] for r in table]
-        ax.plot(lengths, [r["ppl"] for r in table], f"C{i}-", marker=".", label=name)
+        ax.plot(lengths, [value(r) for r in table], f"C{i}-", marker=".", label=name)
         if "ppl_yarn" in table[0]:
-            ax.plot(lengths, [r["ppl_yarn"] for r in table], f"C{i}--", marker=".")
+            ax.plot(lengths, [yarn_value(r) for r in table], f"C{i}--", marker=".")
     ax.axvline(train_length, color="grey", linewidth=0.8)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("context length (dashed: with YaRN)")
-    ax.set_ylabel("perplexity")
+    ax.set_ylabel(ylabel)
     ax.legend(fontsize=7)
     _save(fig, path)
 

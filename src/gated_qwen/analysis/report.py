@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..outputs import write_json
 from . import plots
+from .quantize import SCHEMES
 
 
 def _fmt(value, digits: int = 3) -> str:
@@ -48,6 +49,7 @@ def write_analysis(folder: Path, result: dict, meta: dict) -> str:
              e["sdpa_output_mean_abs"], e["gated_output_mean_abs"],
              *((e["gate"]["mean"], e["gate"]["below_0.1"], e["gate"]["below_0.5"]) if e["gate"] else (None,) * 3)]
             for e in layers]
+    quantization = _quantization_section(result["quantization"]) if "quantization" in result else []
     text = "\n\n".join([
         f"# Analysis of {meta['model']}",
         f"Input: {meta['data']}; {meta['sequences']} sequence(s) of {meta['length']} tokens.",
@@ -58,6 +60,7 @@ def write_analysis(folder: Path, result: dict, meta: dict) -> str:
                          summary["gate_below_0.1"], summary["gate_below_0.5"]]]),
         "F-Attn: attention probability on the first token, averaged over heads, layers and query positions "
         "1..S-1. M-Act: maximum |hidden state| output by a layer. Gate statistics over every score of every token.",
+        *quantization,
         "## Per layer",
         markdown_table(["layer", "F-Attn", "M-Act", "M-Act position", "mean abs SDPA output", "after the gate",
                         "gate mean", "gate < 0.1", "gate < 0.5"], rows),
@@ -68,8 +71,28 @@ def write_analysis(folder: Path, result: dict, meta: dict) -> str:
     ]) + "\n"
     (folder / "report.md").write_text(text)
     write_json(folder / "report.json", {"meta": meta, "summary": summary, "layers": layers,
-                                        "gate_histogram_edges": result["gate_histogram_edges"]})
+                                        "gate_histogram_edges": result["gate_histogram_edges"],
+                                        **({"quantization": result["quantization"]} if quantization else {})})
     return text
+
+
+def _increase(value: float) -> str:
+    return f"{100 * value:+.2f}%"
+
+
+def _quantization_section(rows: dict) -> list[str]:
+    """`quantize.perplexity_under_quantization`'s rows as a report section."""
+    return [
+        "## Low-bit inference (fake quantization)",
+        markdown_table(["scheme", "weights", "activations", "PPL", "PPL increase"],
+                       [["float", "float", "float", rows["float"]["ppl"], "–"]]
+                       + [[name, f"{SCHEMES[name].weight_bits}-bit per channel",
+                           f"{SCHEMES[name].activation_bits}-bit per {SCHEMES[name].activation_scale}", row["ppl"],
+                           _increase(row["increase"])] for name, row in rows.items() if name != "float"]),
+        "Every linear layer of the decoder (attention, gate, MLP) fake-quantized, symmetric round-to-nearest, "
+        "scales from the maximum |value| of each output channel (weights) and of each token or each sequence's whole "
+        "input (activations, dynamic); embedding and LM head in float. PPL increase: quantized / float - 1.",
+    ]
 
 
 def _head_mean(per_head: list[list[float]]) -> list[float]:
@@ -125,11 +148,14 @@ def _verdict(per_seed: dict[int, dict]) -> str:
 
 
 def directions(results: Results, learning_rates: tuple[float, float], seeds: list[int],
-               mact: tuple[Results, float] | None = None) -> list[dict]:
+               mact: tuple[Results, float] | None = None,
+               long_context: tuple[Results, float] | None = None) -> list[dict]:
     """The paper's directions, checked on the numbers of every seed: each `{"claim", "verdict" ("yes": every seed,
     "no": none, "in k of n seeds", "not run": a variant is missing), "per_seed": {seed: {"holds" (bool or None),
     "numbers"}}}`. `mact`: the M-Act model's results and learning rate; M-Act is then compared on it first, and on
-    `results` (the main models) after."""
+    `results` (the main models) after, and so is the loss under quantization. `long_context`: the long-context
+    model's results and learning rate, on which recall and perplexity beyond the training length are compared (the
+    first `extrapolation` row of a run is its training length)."""
     standard, high = learning_rates
 
     def run(variant, lr, seed):
@@ -199,6 +225,68 @@ def directions(results: Results, learning_rates: tuple[float, float], seeds: lis
             return g1[key] < base[key], {"baseline": base[key], "g1-elementwise": g1[key]}
         return evaluate
 
+    def recalls_at_training_length(lr, source):
+        def evaluate(seed):
+            chosen = {v: source.get((v, lr, seed)) for v in ("baseline", "g1-elementwise", "g1-headwise")}
+            if None in chosen.values():
+                return None, {}
+            accuracy = {v: r["extrapolation"][0]["recall"]["accuracy"] for v, r in chosen.items()}
+            return min(accuracy.values()) >= RECALL_AT_TRAINING_LENGTH, accuracy
+        return evaluate
+
+    def recalls_better(variant, lr, source):
+        def evaluate(seed):
+            base, gated = source.get(("baseline", lr, seed)), source.get((variant, lr, seed))
+            if base is None or gated is None:
+                return None, {}
+            beyond = [(b["length"], b["recall_yarn"]["accuracy"], g["recall_yarn"]["accuracy"])
+                      for b, g in zip(base["extrapolation"][1:], gated["extrapolation"][1:])]
+            numbers = {f"{name} @{n}": value for n, *pair in beyond for name, value in zip(("baseline", variant), pair)}
+            return all(g >= b + RECALL_GAIN for _, b, g in beyond), numbers
+        return evaluate
+
+    def perplexity_lower(variant, lr, source):
+        def evaluate(seed):
+            base, gated = source.get(("baseline", lr, seed)), source.get((variant, lr, seed))
+            if base is None or gated is None:
+                return None, {}
+            b, g = base["extrapolation"][-1]["ppl_yarn"], gated["extrapolation"][-1]["ppl_yarn"]
+            return g < b, {"baseline": b, variant: g}
+        return evaluate
+
+    def loses_less(scheme, lr, source=results):
+        def evaluate(seed):
+            base, g1 = (source.get((v, lr, seed)) for v in ("baseline", "g1-elementwise"))
+            if base is None or g1 is None:
+                return None, {}
+            b, g = base["quantization"][scheme]["increase"], g1["quantization"][scheme]["increase"]
+            return g < b, {"baseline PPL increase %": 100 * b, "g1-elementwise's %": 100 * g}
+        return evaluate
+
+    long_context_checks = []
+    if long_context is not None:
+        long_results, long_lr = long_context
+        any_run = next(iter(long_results.values()))
+        lengths = [row["length"] for row in any_run["extrapolation"]]
+        beyond = ", ".join(f"{n // lengths[0]}x" for n in lengths[1:])
+        long_context_checks = [
+            check(f"the long-context model recalls at its training length ({lengths[0]} tokens): accuracy >= "
+                  f"{RECALL_AT_TRAINING_LENGTH:g} for the baseline and both G1 (lr {long_lr:g})",
+                  recalls_at_training_length(long_lr, long_results)),
+            *(check(f"with YaRN, G1 {variant.split('-')[1]} recalls better than the baseline beyond the training "
+                    f"length: accuracy at each of {beyond} at least {RECALL_GAIN:g} above (lr {long_lr:g})",
+                    recalls_better(variant, long_lr, long_results)) for variant in ("g1-elementwise", "g1-headwise")),
+            *(check(f"with YaRN, G1 {variant.split('-')[1]}'s perplexity at {lengths[-1] // lengths[0]}x "
+                    f"({lengths[-1]} tokens) below the baseline's (lr {long_lr:g})",
+                    perplexity_lower(variant, long_lr, long_results))
+              for variant in ("g1-elementwise", "g1-headwise")),
+        ]
+    families = ([("the M-Act models", *mact)] if mact is not None else []) + [("the main models", results, standard)]
+    quantization_checks = [
+        check(f"under {scheme}, G1 elementwise loses less than the baseline in {family}: lower relative PPL "
+              f"increase (lr {lr:g})", loses_less(scheme, lr, source))
+        for family, source, lr in families for scheme in SCHEMES]
+
     lowers = f"baseline M-Act >= {MASSIVE_ACTIVATION_RATIO:g} x G1's"
     if mact is None:
         massive_checks = [check(f"G1 elementwise lowers massive activations: {lowers} (lr {standard:g})",
@@ -225,6 +313,8 @@ def directions(results: Results, learning_rates: tuple[float, float], seeds: lis
               lower("loss_max_rise", high)),
         check(f"lower held-out loss for G1 elementwise than for the baseline (lr {high:g})",
               lower("heldout_loss", high)),
+        *long_context_checks,
+        *quantization_checks,
     ]
 
 
@@ -287,6 +377,7 @@ def write_reproduce(folder: Path, preset_info: dict, variants: list[str], learni
 
     results = {(r["variant"], r["learning_rate"], r["seed"]): r for r in runs if r["part"] == "main"}
     mact_results = {(r["variant"], r["learning_rate"], r["seed"]): r for r in runs if r["part"] == "mact"}
+    long_results = {(r["variant"], r["learning_rate"], r["seed"]): r for r in runs if r["part"] == "long"}
     seeds = list(dict.fromkeys(r["seed"] for r in runs))
     seed = seeds[0]
     standard, high = learning_rates
@@ -329,8 +420,12 @@ def write_reproduce(folder: Path, preset_info: dict, variants: list[str], learni
 
     table4, table2, table5 = reproduce_tables(results, variants, learning_rates, seeds)
     mact = (mact_results, preset_info["mact"]["learning_rates"][0]) if mact_results else None
-    checks = directions(results, learning_rates, seeds, mact)
+    long_context = (long_results, preset_info["long_context"]["learning_rates"][0]) if long_results else None
+    checks = directions(results, learning_rates, seeds, mact, long_context)
     mact_section = _mact_section(mact_results, preset_info, seeds, folder) if mact_results else []
+    long_section = _long_context_section(long_results, preset_info, seeds, folder) if long_results else []
+    quantization_section = _quantization_tables(results, variants, standard, mact_results,
+                                                mact and mact[1], seeds)
     seed_text = " / ".join(str(s) for s in seeds)
     corpus = preset_info.get("corpus", "")
     text = "\n\n".join([
@@ -342,7 +437,10 @@ def write_reproduce(folder: Path, preset_info: dict, variants: list[str], learni
         f"{preset_info['head_dim']}, QK-norm {'on' if preset_info['use_qk_norm'] else 'off'}, gradient clipping "
         f"{preset_info['max_grad_norm'] or 'off'}{', bf16 autocast' if preset_info['bf16'] else ''}. Built-in corpus "
         f"`{corpus}` ({json.dumps(preset_info['language'])}); measured on held-out documents. "
-        f"{meta['seconds']:.0f} s on {meta['device']}" + (", with the M-Act model (below)." if mact_results else "."),
+        f"{meta['seconds']:.0f} s on {meta['device']}"
+        + "".join(f", with the {name} (below)" for name, chosen in (("M-Act model", mact_results),
+                                                                      ("long-context model", long_results)) if chosen)
+        + ".",
         f"## Sink, activations and gates (table 4), learning rate {standard:g}; each cell: seed {seed_text}",
         table4,
         "F-Attn: attention on the first token (BOS), mean over heads, layers and query positions 1..S-1; also over "
@@ -357,6 +455,8 @@ def write_reproduce(folder: Path, preset_info: dict, variants: list[str], learni
         *mact_section,
         f"## Beyond the training length ({seq_len} tokens), learning rate {standard:g}, seed {seed}",
         table5,
+        *long_section,
+        *quantization_section,
         "## The paper's directions, checked on these numbers (every seed)",
         "\n".join(_verdict_line(c) for c in checks),
         f"Lowest quarter: the lowest F-Attn over {SEQUENCE_PARTS} consecutive parts of the query positions. Heads "
@@ -366,17 +466,19 @@ def write_reproduce(folder: Path, preset_info: dict, variants: list[str], learni
             "overview", "loss_curves", "first_token_attention", "first_token_attention_high_lr",
             "first_token_attention_by_position", "max_activation",
             "max_activation_high_lr", *(("max_activation_mact",) if mact_results else ()),
-            *(("gate_mean", "gate_histograms") if gated else ()), "attention_maps", "extrapolation")),
+            *(("gate_mean", "gate_histograms") if gated else ()), "attention_maps", "extrapolation",
+            *(("recall_by_length",) if long_results else ()))),
         "Models: `models/<variant>-lr<learning rate>-seed<seed>/` (load with `AutoModelForCausalLM.from_pretrained`), "
-        "the M-Act model's as `models/mact-<variant>-...`; held-out documents: `heldout.safetensors` and "
-        "`heldout_mact.safetensors` (`input_ids`).",
+        "the M-Act model's as `models/mact-<variant>-...`, the long-context model's as `models/long-<variant>-...`; "
+        "held-out documents: `heldout.safetensors` and `heldout_mact.safetensors` (`input_ids`), "
+        "`heldout_long_context.safetensors` (`input_ids_<length>`, one tensor per length).",
     ]) + "\n"
     (folder / "report.md").write_text(text)
     write_json(folder / "report.json", {
         "meta": meta, "preset": preset_info, "variants": variants, "learning_rates": list(learning_rates),
         "seeds": seeds, "directions": checks,
         **{key: {run_name(*name): {k: v for k, v in r.items() if k != "tensors"} for name, r in chosen.items()}
-           for key, chosen in (("runs", results), ("mact_runs", mact_results))},
+           for key, chosen in (("runs", results), ("mact_runs", mact_results), ("long_context_runs", long_results))},
     })
     return text
 
@@ -410,4 +512,63 @@ def _mact_section(results: Results, preset_info: dict, seeds: list[int], folder:
         "the later layers' attention. This model has layers to carry it.",
         markdown_table(["variant", "seed", "held-out PPL", "F-Attn", "M-Act", "M-Act per layer",
                         "position of each layer's max", "gate mean"], rows),
+    ]
+
+
+def _long_context_section(results: Results, preset_info: dict, seeds: list[int], folder: Path) -> list[str]:
+    """The long-context model's part of report.md (recall and perplexity at every length, without / with YaRN, a
+    row per variant and seed) and its plot (first seed); `results` holds every run of `reproduce.long_context_runs`."""
+    from .reproduce import LONG_CONTEXT_VARIANTS
+
+    info = preset_info["long_context"]
+    lr = info["learning_rates"][0]
+    first = results[(LONG_CONTEXT_VARIANTS[0], lr, seeds[0])]["extrapolation"]
+    lengths = [row["length"] for row in first]
+    plots.extrapolation({v: results[(v, lr, seeds[0])]["extrapolation"] for v in LONG_CONTEXT_VARIANTS},
+                        info["seq_len"], folder / "recall_by_length.png", value=lambda r: r["recall"]["accuracy"],
+                        yarn_value=lambda r: r["recall_yarn"]["accuracy"], ylabel="recall accuracy")
+
+    def table(get) -> str:
+        rows = [[v, seed, *(f"{_fmt(get(row, ''))} / {_fmt(get(row, '_yarn'))}"
+                            for row in results[(v, lr, seed)]["extrapolation"])]
+                for v in LONG_CONTEXT_VARIANTS for seed in seeds]
+        return markdown_table(["variant", "seed", *(f"@{n} ({n // lengths[0]}x)" for n in lengths)], rows)
+
+    return [
+        f"## Longer contexts: the long-context model, learning rate {lr:g}",
+        f"{info['num_hidden_layers']} layer(s), hidden {info['hidden_size']}, {info['num_attention_heads']} query / "
+        f"{info['num_key_value_heads']} kv heads of {info['head_dim']}, QK-norm {'on' if info['use_qk_norm'] else 'off'}"
+        f"; {info['steps']} steps of {info['batch_size']} x {info['seq_len']} tokens of the built-in corpus "
+        f"`{info['corpus']}` ({json.dumps(info['language'])}): each document holds facts (one token per key and "
+        "value) in its first half and, in its second half, each fact's key followed by its value, which only the fact "
+        f"tells. Evaluated on {first[0]['sequences']} held-out documents drawn at each length, with YaRN factor "
+        f"{lengths[-1] // lengths[0]} over the training length and without.",
+        "Recall accuracy (each cell: without / with YaRN): the share of the values after a key that the model "
+        "predicts (most likely next token).",
+        table(lambda row, yarn: row[f"recall{yarn}"]["accuracy"]),
+        "Perplexity over every position (without / with YaRN):",
+        table(lambda row, yarn: row[f"ppl{yarn}"]),
+    ]
+
+
+def _quantization_tables(results: Results, variants: list[str], lr: float, mact_results: Results,
+                         mact_lr: float | None, seeds: list[int]) -> list[str]:
+    """The low-bit inference part of report.md: held-out perplexity in float and its increase under each scheme, for
+    the M-Act models (if any) and the main models at learning rate `lr`, a row per variant and seed."""
+    from .reproduce import MACT_VARIANTS
+
+    families = ([("M-Act model", mact_results, MACT_VARIANTS, mact_lr)] if mact_results else []) + [
+        ("main", results, variants, lr)]
+    rows = [[family, v, seed, r["quantization"]["float"]["ppl"],
+             *(_increase(r["quantization"][name]["increase"]) for name in SCHEMES)]
+            for family, chosen, names, at in families for v in names for seed in seeds
+            if (r := chosen.get((v, at, seed))) is not None]
+    return [
+        "## Low-bit inference: held-out perplexity under fake quantization",
+        markdown_table(["model", "variant", "seed", "float PPL", *SCHEMES], rows),
+        "Each cell: quantized / float PPL - 1. " + "; ".join(f"{name}: {scheme}" for name, scheme in SCHEMES.items())
+        + ". Every linear layer of the decoder (attention, gate, MLP) quantized symmetric round-to-nearest, weights "
+        "per output channel, activations dynamic (per token, or per tensor: one scale per sequence's input to a "
+        "layer); embedding and LM head in float. Standard learning rate"
+        + (f" ({lr:g}; the M-Act model's {mact_lr:g})." if mact_results else f" ({lr:g})."),
     ]

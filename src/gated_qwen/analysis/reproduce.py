@@ -5,12 +5,16 @@ Trains tiny GatedQwen models on a built-in synthetic corpus (default `data.Bigra
 controls the paper uses to show that sparsity matters (NS-sigmoid, whose scores stay in [0.5, 1], and the
 input-independent gate). Then it measures each model on held-out documents (`measure.analyze`: F-Attn, M-Act,
 |SDPA output| before and after the gate, gate scores; F-Attn split by query token and position), its perplexity
-beyond the training length with and without YaRN, and the stability of its training loss, and writes `report.md`,
-`report.json`, PNG plots and the models.
+beyond the training length with and without YaRN, its perplexity under fake quantization (`quantize`), and the
+stability of its training loss, and writes `report.md`, `report.json`, PNG plots and the models.
 
 The default model has one layer: enough for the attention sink, not for the massive activation of the paper's
 table 4, which an early layer writes at the first token for later layers to read. So the default also trains a
 deeper model, baseline and G1 elementwise only (the "M-Act model", `Preset.mact`), on which M-Act is compared.
+Nor does its corpus ever need a token from far back, which is what longer contexts are about: the default also
+trains the "long-context model" (`Preset.long_context`: baseline, G1 elementwise and headwise) on key -> value
+recall (`data.KeyValueRecall`) and measures its recall and perplexity at 1, 2, 4 and 8 times its training length,
+with and without YaRN.
 """
 
 from __future__ import annotations
@@ -29,9 +33,10 @@ from pathlib import Path
 import torch
 
 from ..gating import gate_parameters_per_layer, gated_layers
-from .data import CORPORA, HELDOUT_SEED, BigramBackcopy, SyntheticLanguage
+from .data import CORPORA, HELDOUT_SEED, BigramBackcopy, KeyValueRecall, SyntheticLanguage
 from .measure import analyze, first_token_attention_per_query, mean_nll, perplexity_by_length
 from .plots import moving_average
+from .quantize import SCHEMES, perplexity_under_quantization
 
 VARIANTS: dict[str, dict] = {
     "baseline": {"gate_position": None},
@@ -41,6 +46,7 @@ VARIANTS: dict[str, dict] = {
     "input-independent": {"gate_position": "sdpa", "gate_input_dependent": False},
 }
 MACT_VARIANTS = ("baseline", "g1-elementwise")  # what the M-Act model compares
+LONG_CONTEXT_VARIANTS = ("baseline", "g1-elementwise", "g1-headwise")  # what the long-context model compares
 SPIKE_WINDOW = 10  # training losses are averaged over this many steps before looking for spikes
 
 
@@ -73,10 +79,13 @@ class Preset:
     analysis_documents: int = 16  # of those, analysed (F-Attn, M-Act, gates)
     extrapolation: tuple[int, ...] = (1, 2, 4, 8)  # context lengths, in multiples of seq_len
     extrapolation_documents: int = 8
-    language: BigramBackcopy | SyntheticLanguage = field(default_factory=BigramBackcopy)
+    language: BigramBackcopy | SyntheticLanguage | KeyValueRecall = field(default_factory=BigramBackcopy)
     # The M-Act model: trained as `MACT_VARIANTS` at its standard learning rate, once per seed of this preset (its own
     # `seeds` are ignored), where this model is too shallow for massive activations. None: M-Act from these models.
     mact: Preset | None = None
+    # The long-context model, likewise as `LONG_CONTEXT_VARIANTS`; its `extrapolation` lengths and corpus (one with
+    # `recall_targets`) measure recall far back. None: no long-context check.
+    long_context: Preset | None = None
 
 
 PRESETS: dict[str, Preset] = {
@@ -86,14 +95,19 @@ PRESETS: dict[str, Preset] = {
                     mact=Preset(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
                                 head_dim=16, intermediate_size=64, use_qk_norm=True, seq_len=24, batch_size=4, steps=6,
                                 eval_documents=4, analysis_documents=2, extrapolation=(1,), extrapolation_documents=2,
-                                language=SyntheticLanguage())),
-    # `make demo`: 20 one-layer models (5 variants x 2 learning rates x 2 seeds) for the sink, and 4 M-Act models
+                                language=SyntheticLanguage()),
+                    long_context=Preset(hidden_size=32, head_dim=32, intermediate_size=64, seq_len=24, batch_size=4,
+                                        steps=6, eval_documents=4, analysis_documents=2, extrapolation=(1, 2),
+                                        extrapolation_documents=3, language=KeyValueRecall())),
+    # `make demo`: 20 one-layer models (5 variants x 2 learning rates x 2 seeds) for the sink, 4 M-Act models
     # (4 layers with the paper's QK-norm and grouped-query attention, on the `repeats` corpus with twice its copies,
-    # where the baseline's massive activation appears in an early layer at the first token) in about 6 minutes on
-    # two idle CPU cores.
+    # where the baseline's massive activation appears in an early layer at the first token) and 6 long-context
+    # models (the main models' size, key -> value recall, 3000 steps: fewer left G1 elementwise unable to recall even
+    # at the training length), evaluated up to 8 x 32 tokens on 64 documents, in about 8 minutes on two idle cores.
     "default": Preset(mact=Preset(num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                                   use_qk_norm=True, seq_len=64, steps=1600, extrapolation=(1,),
-                                  language=SyntheticLanguage(repeat_rate=0.2))),
+                                  language=SyntheticLanguage(repeat_rate=0.2)),
+                      long_context=Preset(steps=3000, extrapolation_documents=64, language=KeyValueRecall())),
     # For a GPU: the paper's architecture (QK-norm, grouped-query attention) wider and deeper, on the same corpus,
     # to see whether the miniature's directions hold at that shape (not run yet; time estimate in the README).
     "large": Preset(hidden_size=256, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4, head_dim=32,
@@ -163,11 +177,17 @@ class _Documents(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
-def held_out(preset: Preset) -> torch.Tensor:
-    """The held-out documents: `[max(eval_documents, extrapolation_documents), seq_len * max(extrapolation)]`;
-    training documents use other seeds."""
+def held_out(preset: Preset, length: int | None = None) -> torch.Tensor:
+    """The held-out documents of `length` tokens (default `seq_len * max(extrapolation)`):
+    `[max(eval_documents, extrapolation_documents), length]`; training documents use other seeds. For the
+    Bigram-Backcopy and `repeats` corpora a shorter length gives the first tokens of the same documents; a
+    `KeyValueRecall` document is drawn for its length (its queries fill its second half)."""
     count = max(preset.eval_documents, preset.extrapolation_documents)
-    return preset.language.sample(count, preset.seq_len * max(preset.extrapolation), seed=HELDOUT_SEED)
+    return preset.language.sample(count, length or preset.seq_len * max(preset.extrapolation), seed=HELDOUT_SEED)
+
+
+def extrapolation_lengths(preset: Preset) -> list[int]:
+    return [preset.seq_len * m for m in preset.extrapolation]
 
 
 def train_and_measure(preset: Preset, variant: str, learning_rate: float, seed: int, save_to: str | None,
@@ -198,7 +218,7 @@ def _train_and_measure_quietly(preset: Preset, variant: str, learning_rate: floa
 
     started = time.perf_counter()
     train = preset.language.sample(preset.steps * preset.batch_size, preset.seq_len, seed=seed)
-    heldout = held_out(preset)
+    heldout = held_out(preset, preset.seq_len)
     torch.manual_seed(seed)
     model = GatedQwenForCausalLM(model_config(preset, variant))
     model.set_attn_implementation("sdpa")
@@ -233,6 +253,7 @@ def _train_and_measure_quietly(preset: Preset, variant: str, learning_rate: floa
         **{f"loss_{k}": v for k, v in loss_spikes(losses).items()},
     }
     result["heldout_ppl"] = math.exp(result["heldout_loss"]) if math.isfinite(result["heldout_loss"]) else math.inf
+    result["quantization"] = perplexity_under_quantization(model, eval_ids, list(SCHEMES))
     analysed = heldout[: preset.analysis_documents, : preset.seq_len]
     analysis = analyze(model, analysed, batch_size=preset.analysis_documents)
     result["analysis"] = {"summary": analysis["summary"], "layers": analysis["layers"],
@@ -240,11 +261,11 @@ def _train_and_measure_quietly(preset: Preset, variant: str, learning_rate: floa
     is_trigger = getattr(preset.language, "is_trigger", None)
     result["sink"] = sink_profile(first_token_attention_per_query(model, analysed, batch_size=preset.analysis_documents),
                                   is_trigger(analysed) if is_trigger else None)
-    long_docs = heldout[: preset.extrapolation_documents]
     factor = max(preset.extrapolation)
     result["extrapolation"] = perplexity_by_length(
-        model, lambda length: long_docs[:, :length], [preset.seq_len * m for m in preset.extrapolation],
-        yarn_factor=factor if factor > 1 else None, batch_size=preset.extrapolation_documents)
+        model, lambda length: held_out(preset, length)[: preset.extrapolation_documents],
+        extrapolation_lengths(preset), yarn_factor=factor if factor > 1 else None,
+        batch_size=preset.extrapolation_documents, recall_targets=getattr(preset.language, "recall_targets", None))
     result["seconds"] = {"train": trained - started, "measure": time.perf_counter() - trained}
     result["tensors"] = {"attention_maps": analysis["attention_maps"],
                          "first_token_attention_by_position": analysis["first_token_attention_by_position"]}
@@ -266,13 +287,23 @@ def planned_runs(preset: Preset, variants: list[str]) -> list[tuple[str, float, 
             for learning_rate, chosen in ((standard, variants), (high, at_high)) for variant in chosen]
 
 
+def _side_runs(side: Preset | None, side_variants: tuple[str, ...], seeds: tuple[int, ...],
+               variants: list[str]) -> list[tuple[str, float, int]]:
+    if side is None or not set(side_variants) <= set(variants):
+        return []
+    return [(variant, side.learning_rates[0], seed) for seed in seeds for variant in side_variants]
+
+
 def mact_runs(preset: Preset, variants: list[str]) -> list[tuple[str, float, int]]:
     """`(variant, learning rate, seed)` of every M-Act model a `reproduce` run trains: `MACT_VARIANTS` at
     `preset.mact`'s standard learning rate, each of `preset.seeds`; none without `preset.mact` or when `variants`
     leaves out one of `MACT_VARIANTS`."""
-    if preset.mact is None or not set(MACT_VARIANTS) <= set(variants):
-        return []
-    return [(variant, preset.mact.learning_rates[0], seed) for seed in preset.seeds for variant in MACT_VARIANTS]
+    return _side_runs(preset.mact, MACT_VARIANTS, preset.seeds, variants)
+
+
+def long_context_runs(preset: Preset, variants: list[str]) -> list[tuple[str, float, int]]:
+    """The same for the long-context model (`preset.long_context`, `LONG_CONTEXT_VARIANTS`)."""
+    return _side_runs(preset.long_context, LONG_CONTEXT_VARIANTS, preset.seeds, variants)
 
 
 def mact_preset(preset: Preset) -> Preset | None:
@@ -280,17 +311,26 @@ def mact_preset(preset: Preset) -> Preset | None:
     return None if preset.mact is None else replace(preset.mact, seeds=preset.seeds)
 
 
+def long_context_preset(preset: Preset) -> Preset | None:
+    """The long-context model's preset, with the main preset's seeds."""
+    return None if preset.long_context is None else replace(preset.long_context, seeds=preset.seeds)
+
+
+MODEL_PREFIX = {"mact": "mact-", "long": "long-", "main": ""}  # models/<prefix><run name>
+
+
 def run_all(preset: Preset, variants: list[str], models_dir: Path | None, jobs: int,
             progress: bool = True) -> list[dict]:
-    """Every run of `mact_runs` (first: they take longest) and `planned_runs`, each result with its `"part"`:
-    "mact" or "main"; with `jobs` > 1 that many at a time in spawned processes (CPU threads shared out among them),
+    """Every run of `mact_runs` (first: they take longest), `long_context_runs` and `planned_runs`, each result with
+    its `"part"`: "mact", "long" or "main"; with `jobs` > 1 that many at a time in spawned processes (CPU threads shared out among them),
     which needs the calling script's code under `if __name__ == "__main__":` as usual for multiprocessing."""
     from tqdm.auto import tqdm
 
     planned = ([("mact", mact_preset(preset), *run) for run in mact_runs(preset, variants)]
+               + [("long", long_context_preset(preset), *run) for run in long_context_runs(preset, variants)]
                + [("main", preset, *run) for run in planned_runs(preset, variants)])
     runs = [dict(preset=chosen, variant=variant, learning_rate=learning_rate, seed=seed,
-                 save_to=str(models_dir / f"{'mact-' if part == 'mact' else ''}{run_name(variant, learning_rate, seed)}")
+                 save_to=str(models_dir / f"{MODEL_PREFIX[part]}{run_name(variant, learning_rate, seed)}")
                  if models_dir else None)
             for part, chosen, variant, learning_rate, seed in planned]
     bar = tqdm(total=len(runs), desc="reproduce", unit="run", disable=not progress)
@@ -343,9 +383,12 @@ def corpus_name(preset: Preset) -> str:
 
 
 def preset_dict(preset: Preset) -> dict:
-    """The preset as JSON-ready values with its corpus's name; `mact`: the M-Act model's, or None."""
-    info = {**json.loads(json.dumps(asdict(replace(preset, mact=None)))), "corpus": corpus_name(preset)}
+    """The preset as JSON-ready values with its corpus's name; `mact` / `long_context`: the M-Act / long-context
+    model's, or None."""
+    info = {**json.loads(json.dumps(asdict(replace(preset, mact=None, long_context=None)))),
+            "corpus": corpus_name(preset)}
     info["mact"] = preset_dict(mact_preset(preset)) if preset.mact else None
+    info["long_context"] = preset_dict(long_context_preset(preset)) if preset.long_context else None
     return info
 
 
