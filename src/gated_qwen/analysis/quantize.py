@@ -49,7 +49,7 @@ SCHEMES: dict[str, Scheme] = {  # `gated-qwen analyze --quant NAME ...`
 
 def fake_quantize_rows(x: torch.Tensor, bits: int) -> torch.Tensor:
     """`x: [rows, columns]` -> the same shape and dtype, each row fake-quantized to `bits` with its own symmetric
-    scale `max|row| / (2^(bits-1) - 1)` (an all-zero row stays zero)."""
+    scale `max|row| / (2^(bits-1) - 1)` (an all-zero row stays zero), computed in float32 or wider."""
     top = 2 ** (bits - 1) - 1
     scale = (x.detach().abs().amax(dim=1).float() / top).clamp(min=torch.finfo(torch.float32).tiny)
     zero = torch.zeros(x.shape[0], dtype=torch.int32, device=x.device)
