@@ -155,8 +155,8 @@ class KeyValueRecall:
     it is one of `values` equally likely tokens without it."""
 
     fillers: int = 32
-    keys: int = 16
-    values: int = 16
+    keys: int = 8
+    values: int = 8
     facts: int = 4
     successors: int = 8
     seed: int = 0

@@ -438,9 +438,9 @@ def write_reproduce(folder: Path, preset_info: dict, variants: list[str], learni
         f"{preset_info['max_grad_norm'] or 'off'}{', bf16 autocast' if preset_info['bf16'] else ''}. Built-in corpus "
         f"`{corpus}` ({json.dumps(preset_info['language'])}); measured on held-out documents. "
         f"{meta['seconds']:.0f} s on {meta['device']}"
-        + "".join(f", with the {name} (below)" for name, chosen in (("M-Act model", mact_results),
-                                                                      ("long-context model", long_results)) if chosen)
-        + ".",
+        + (f", with the {' and the '.join(extra)} (below)." if (extra := [
+            name for name, chosen in (("M-Act model", mact_results), ("long-context model", long_results)) if chosen])
+           else "."),
         f"## Sink, activations and gates (table 4), learning rate {standard:g}; each cell: seed {seed_text}",
         table4,
         "F-Attn: attention on the first token (BOS), mean over heads, layers and query positions 1..S-1; also over "
@@ -541,8 +541,9 @@ def _long_context_section(results: Results, preset_info: dict, seeds: list[int],
         f"; {info['steps']} steps of {info['batch_size']} x {info['seq_len']} tokens of the built-in corpus "
         f"`{info['corpus']}` ({json.dumps(info['language'])}): each document holds facts (one token per key and "
         "value) in its first half and, in its second half, each fact's key followed by its value, which only the fact "
-        f"tells. Evaluated on {first[0]['sequences']} held-out documents drawn at each length, with YaRN factor "
-        f"{lengths[-1] // lengths[0]} over the training length and without.",
+        f"tells. Evaluated on {first[0]['sequences']} held-out documents drawn at each length "
+        f"({first[0]['recall']['positions']} values to recall), with YaRN factor {lengths[-1] // lengths[0]} over the "
+        "training length and without.",
         "Recall accuracy (each cell: without / with YaRN): the share of the values after a key that the model "
         "predicts (most likely next token).",
         table(lambda row, yarn: row[f"recall{yarn}"]["accuracy"]),
