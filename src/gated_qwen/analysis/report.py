@@ -76,6 +76,11 @@ def write_analysis(folder: Path, result: dict, meta: dict) -> str:
     return text
 
 
+QUANTIZATION_NOTE = ("Every linear layer of the decoder (attention, gate, MLP) fake-quantized, symmetric round-to-nearest, "
+                     "weights per output channel, activations dynamic (per token, or per tensor: one scale per "
+                     "sequence's input to a layer); embedding and LM head in float. PPL increase: quantized / float - 1.")
+
+
 def _increase(value: float) -> str:
     return f"{100 * value:+.2f}%"
 
@@ -89,9 +94,7 @@ def _quantization_section(rows: dict) -> list[str]:
                        + [[name, f"{SCHEMES[name].weight_bits}-bit per channel",
                            f"{SCHEMES[name].activation_bits}-bit per {SCHEMES[name].activation_scale}", row["ppl"],
                            _increase(row["increase"])] for name, row in rows.items() if name != "float"]),
-        "Every linear layer of the decoder (attention, gate, MLP) fake-quantized, symmetric round-to-nearest, "
-        "scales from the maximum |value| of each output channel (weights) and of each token or each sequence's whole "
-        "input (activations, dynamic); embedding and LM head in float. PPL increase: quantized / float - 1.",
+        QUANTIZATION_NOTE,
     ]
 
 
@@ -567,9 +570,7 @@ def _quantization_tables(results: Results, variants: list[str], lr: float, mact_
     return [
         "## Low-bit inference: held-out perplexity under fake quantization",
         markdown_table(["model", "variant", "seed", "float PPL", *SCHEMES], rows),
-        "Each cell: quantized / float PPL - 1. " + "; ".join(f"{name}: {scheme}" for name, scheme in SCHEMES.items())
-        + ". Every linear layer of the decoder (attention, gate, MLP) quantized symmetric round-to-nearest, weights "
-        "per output channel, activations dynamic (per token, or per tensor: one scale per sequence's input to a "
-        "layer); embedding and LM head in float. Standard learning rate"
+        "Each cell: the PPL increase. " + "; ".join(f"{name}: {scheme}" for name, scheme in SCHEMES.items()) + ". "
+        + QUANTIZATION_NOTE + " Standard learning rate"
         + (f" ({lr:g}; the M-Act model's {mact_lr:g})." if mact_results else f" ({lr:g})."),
     ]
