@@ -92,6 +92,8 @@ def representative_grid() -> list[Case]:
         Case(64, "fp16", False, "headwise", "varlen", archs=(80,)),
         Case(256, "bf16", True, None, "dense", archs=(90,)),
         Case(128, "fp16", True, "elementwise", "decode", passes="forward"),
+        # Where Triton 3.6.0's ptxas spills a tile 3.7.1 does not (128x128 w8 s3, 8 B): its own list leaves it out.
+        Case(64, "bf16", False, "headwise", "dense", passes="forward", archs=(80,)),
     ]
 
 

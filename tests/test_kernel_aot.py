@@ -70,18 +70,34 @@ def test_representative_grid_compiles_for_sm80_and_sm90_in_every_tuner_config(tm
     assert_every_tuner_config_compiled(rows, "D=128 bf16 causal elementwise dense", [80, 90], 128)
     assert_every_tuner_config_compiled(rows, "D=64 fp16 full headwise varlen", [80], 64)
     assert_every_tuner_config_compiled(rows, "D=256 bf16 causal no gate dense", [90], 256)
+    assert_every_tuner_config_compiled(rows, "D=64 bf16 full headwise dense", [80], 64, kernels=("forward",))
 
 
-def test_triton_before_3_9_tries_the_replacement_entries(monkeypatch):
-    """Triton 3.7.1 (torch 2.13's CUDA pin) spills in entries that 3.9 compiles cleanly: below 3.9 the tuner tries
-    `TUNING_SPACE_BEFORE_TRITON_3_9` for those (kernel, family, head dims), the main space everywhere else."""
+@pytest.mark.parametrize("installed, forward_sm80", [
+    ((3, 5), {64: "3.7", 128: "3.9"}),  # 3.5.1 and 3.6.0 (torch 2.11, the GPU machine): also 3.7.1's replacement
+    ((3, 6), {64: "3.7", 128: "3.9"}),
+    ((3, 7), {64: "main", 128: "3.9"}),  # 3.7.1 (torch 2.13's CUDA pin)
+    ((3, 8), {64: "main", 128: "3.9"}),
+    ((3, 9), {64: "main", 128: "main"}),
+    ((3, 10), {64: "main", 128: "main"}),
+])
+def test_each_triton_tries_the_entries_its_compiler_does_not_spill(monkeypatch, installed, forward_sm80):
+    """Triton 3.7.1 spills in sm_80 forward tiles of head dim 128 that 3.9 compiles cleanly, 3.6.0 also in one of
+    head dim 64: below 3.9 and below 3.7 the tuner tries the replacement lists for those, the main space everywhere
+    else (the AOT grids check the lists under 3.7.1 in `make test` and under 3.6.0 in `make test-compat`)."""
     from gated_qwen import gated_attention_common as common
 
-    for (kernel, family, head_dims), entries in common.TUNING_SPACE_BEFORE_TRITON_3_9.items():
-        capability = {"sm90": (9, 0), "sm80": (8, 0), "small": (8, 6)}[family]
-        main = common.TUNING_SPACE[kernel][family][head_dims]
-        assert entries and entries != main
-        monkeypatch.setattr(common, "TRITON_VERSION", (3, 7))
-        assert common.allowed_entries(kernel, capability, head_dims) == entries
-        monkeypatch.setattr(common, "TRITON_VERSION", (3, 9))
-        assert common.allowed_entries(kernel, capability, head_dims) == main
+    lists = {"main": lambda hd: common.TUNING_SPACE["forward"]["sm80"][hd],
+             "3.9": lambda hd: common.TUNING_SPACE_BEFORE_TRITON[3, 9]["forward", "sm80", hd],
+             "3.7": lambda hd: common.TUNING_SPACE_BEFORE_TRITON[3, 7]["forward", "sm80", hd]}
+    monkeypatch.setattr(common, "TRITON_VERSION", installed)
+    for head_dims, which in forward_sm80.items():
+        assert common.allowed_entries("forward", (8, 0), head_dims) == lists[which](head_dims), head_dims
+    assert (128, 128, 8, 3) in lists["main"](64) and (128, 128, 8, 3) not in lists["3.7"](64)
+    # Nothing else is replaced: every other kernel, family and head-dim class tries the main space.
+    for kernel, families in common.TUNING_SPACE.items():
+        for family, classes in families.items():
+            for head_dims, entries in classes.items():
+                if (kernel, family) != ("forward", "sm80") or head_dims not in forward_sm80:
+                    capability = {"sm90": (9, 0), "sm80": (8, 0), "small": (8, 6)}[family]
+                    assert common.allowed_entries(kernel, capability, head_dims) == entries

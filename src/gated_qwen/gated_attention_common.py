@@ -29,6 +29,36 @@ LOG2E = 1.4426950408889634
 # `approx`, and its plain `fdiv` lowers to div.full.f32 (also within 2 ulp, no slow-path subroutine).
 HAS_APPROX_FDIV = triton is not None and "approx" in inspect.signature(tl.math.fdiv).parameters
 TRITON_VERSION = tuple(int(p) for p in re.findall(r"\d+", triton.__version__)[:2]) if triton is not None else (0, 0)
+
+
+def _interpreter_scalar_index_fix() -> None:
+    """Let loops with run-time bounds (`for start_n in range(lo, hi, BLOCK_N)`) run under the interpreter of
+    Triton < 3.7 with NumPy >= 2.4.
+
+    That interpreter holds a scalar as a one-element array and turns it into a Python int with `int(array)`, which
+    NumPy 2.4 refuses ("only 0-dimensional arrays can be converted to Python scalars"); Triton 3.7 squeezes the
+    array first. This wraps the interpreter's patching of `tl.tensor` (redone at every kernel call; 3.6 undoes it
+    after the call) to squeeze the same way. It touches the interpreter only: compiled kernels are unaffected."""
+    from triton.runtime import interpreter
+
+    patch_tensor = interpreter._patch_lang_tensor
+    if getattr(patch_tensor, "squeezes_scalars", False):  # a second copy of this module (Hub remote code)
+        return
+
+    def patch_tensor_with_squeeze(tensor, *scope):  # 3.6 passes the scope that undoes the patch; 3.5 none
+        patch_tensor(tensor, *scope)
+        index = lambda self: int(self.handle.data.squeeze())
+        if scope:
+            scope[0].set_attr(tensor, "__index__", index)
+        else:
+            tensor.__index__ = index
+
+    patch_tensor_with_squeeze.squeezes_scalars = True
+    interpreter._patch_lang_tensor = patch_tensor_with_squeeze
+
+
+if triton is not None and INTERPRET and TRITON_VERSION < (3, 7):
+    _interpreter_scalar_index_fix()
 # CUDA grid limits: axis 0 up to 2**31 - 1 programs, axes 1 and 2 up to 65535. Every launch puts
 # (blocks per sequence × sequences) on axis 0 and heads on axis 1.
 MAX_GRID_X = 2**31 - 1
@@ -110,13 +140,22 @@ TUNING_SPACE: dict[str, dict[str, dict[int, list[tuple[int, int, int, int]]]]] =
         },
     },
 }
-# Triton before 3.9 (3.7.1 is what torch 2.13's CUDA wheels pin, requirements/cuda.lock) allocates registers
-# differently: these lists replace the ones above there, (kernel, family, head-dim class) -> entries. Each leaves out
-# what spills in the full grid compiled under that Triton (tests/kernel_aot.py, benchmarks/RESULTS.md).
-TUNING_SPACE_BEFORE_TRITON_3_9: dict[tuple[str, str, int], list[tuple[int, int, int, int]]] = {
-    # 128x64 w8 s2 spills 260-300 B under a causal mask, 64x64 w8 s2 56 B with an elementwise gate and a full one;
-    # 128x32 w8 s2 takes the 128-row place (at most 209 registers over the 24 head-dim-128 variants).
-    ("forward", "sm80", 128): [(128, 32, 8, 2), (64, 128, 8, 2), (64, 32, 4, 2)],
+# Other Triton versions allocate registers differently: for Triton below each version, these lists replace the ones
+# above, (kernel, family, head-dim class) -> entries; the lowest version that lists a key wins, so an older Triton
+# inherits the replacements of the newer ones. Each leaves out what spills in the full grid compiled under that
+# Triton (tests/kernel_aot.py, benchmarks/RESULTS.md).
+TUNING_SPACE_BEFORE_TRITON: dict[tuple[int, int], dict[tuple[str, str, int], list[tuple[int, int, int, int]]]] = {
+    # 3.7.1, what torch 2.13's CUDA wheels pin (requirements/cuda.lock): 128x64 w8 s2 spills 260-300 B under a
+    # causal mask, 64x64 w8 s2 56 B with an elementwise gate and a full one; 128x32 w8 s2 takes the 128-row place (at
+    # most 209 registers over the 24 head-dim-128 variants).
+    (3, 9): {
+        ("forward", "sm80", 128): [(128, 32, 8, 2), (64, 128, 8, 2), (64, 32, 4, 2)],
+    },
+    # 3.6.0, what torch 2.11's CUDA wheels pin (the project's GPU machine; 3.5 inherits it): 128x128 w8 s3 spills 8 B
+    # at head dim 64 with a headwise gate and a full mask (the other 1010 of its full grid compile cleanly).
+    (3, 7): {
+        ("forward", "sm80", 64): [(128, 64, 8, 3), (64, 64, 8, 2), (64, 32, 4, 3)],
+    },
 }
 # The one configuration every kernel uses under the interpreter (more than one fails there).
 INTERPRET_CONFIG = (64, 64, 4, 1)
@@ -183,8 +222,9 @@ def allowed_entries(kernel: str, capability: tuple[int, int], block_d: int) -> l
 
 def space_entries(kernel: str, family: str, head_dims: int) -> list[tuple[int, int, int, int]]:
     """`TUNING_SPACE[kernel][family][head_dims]`, or its replacement for the installed Triton."""
-    if TRITON_VERSION < (3, 9) and (kernel, family, head_dims) in TUNING_SPACE_BEFORE_TRITON_3_9:
-        return TUNING_SPACE_BEFORE_TRITON_3_9[kernel, family, head_dims]
+    for below, replacements in sorted(TUNING_SPACE_BEFORE_TRITON.items()):
+        if TRITON_VERSION < below and (kernel, family, head_dims) in replacements:
+            return replacements[kernel, family, head_dims]
     return TUNING_SPACE[kernel][family][head_dims]
 
 
