@@ -17,7 +17,8 @@ TORCH_INDEX ?=
 # pip warns about every missing folder of the machine's configured package mirrors; those lines say nothing.
 QUIET := 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
 
-.PHONY: setup test test-fast test-latest test-serving bench-serving lock-serving demo lint lock clean gpu-check
+.PHONY: setup test test-fast test-latest test-compat device-wheels test-serving bench-serving lock-serving demo lint lock clean \
+	gpu-check
 
 setup: $(STAMP)
 
@@ -31,11 +32,12 @@ $(STAMP): $(LOCK) pyproject.toml Makefile
 # Two worker processes (pytest-xdist), one file each at a time, one thread each (tests/conftest.py).
 PYTEST = $(1)/bin/python -m pytest -q -n 2 --dist loadfile
 
+# Tests marked `compat` need .venv-compat and .device-wheels: `make test-compat` runs them, these targets deselect them.
 test: $(STAMP)
-	$(call PYTEST,$(VENV))
+	$(call PYTEST,$(VENV)) -m "not compat"
 
 test-fast: $(STAMP)
-	$(call PYTEST,$(VENV)) -m "not slow"
+	$(call PYTEST,$(VENV)) -m "not slow and not compat"
 
 # The same suite against the newest releases pyproject.toml allows (torch stays the build of the lock: any other
 # version pulls a multi-GB CUDA build on a CPU machine). Run it on purpose to find drift before `make lock`.
@@ -47,7 +49,49 @@ test-latest:
 		-e ".[$(EXTRAS)]" $(QUIET)
 	$(LATEST)/bin/python -c "$(IMPORTS)"
 	$(LATEST)/bin/python -m pip freeze --exclude-editable > $(LATEST)/freeze.txt
-	$(call PYTEST,$(LATEST))
+	$(call PYTEST,$(LATEST)) -m "not compat"
+
+# The wheels the GPU machine's image lacks for gated_qwen (requirements/device-wheels.txt: pure Python, for its
+# Python 3.12), downloaded here since no registry is reachable there; benchmarks/gpu_check_device.sh installs them.
+# What travels to that machine (the working tree and these wheels) must stay under 64 MiB: checked here.
+DEVICE_WHEELS := .device-wheels
+DEVICE_LIMIT  := 67108864
+device-wheels: $(DEVICE_WHEELS)/.complete
+
+$(DEVICE_WHEELS)/.complete: requirements/device-wheels.txt
+	rm -rf $(DEVICE_WHEELS).partial
+	$(PYTHON) -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: --python-version 3.12 \
+		--implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+		-d $(DEVICE_WHEELS).partial -r requirements/device-wheels.txt $(QUIET)
+	@test $$(ls $(DEVICE_WHEELS).partial/*.whl | wc -l) -eq $$(grep -c "^[A-Za-z]" requirements/device-wheels.txt) \
+		|| { echo "device-wheels: pip did not download every wheel of requirements/device-wheels.txt"; exit 1; }
+	@wheels=$$(cat $(DEVICE_WHEELS).partial/*.whl | wc -c); \
+	tree=$$(git ls-files -z --cached --others --exclude-standard | xargs -0 cat 2>/dev/null | wc -c); \
+	echo "device-wheels: $$(ls $(DEVICE_WHEELS).partial | wc -l) wheels, $$wheels B; working tree $$tree B;" \
+		"together $$((wheels + tree)) B of $(DEVICE_LIMIT)"; \
+	test $$((wheels + tree)) -lt $(DEVICE_LIMIT) || { echo "device-wheels: over the 64 MiB a device run carries"; exit 1; }
+	touch $(DEVICE_WHEELS).partial/.complete
+	rm -rf $(DEVICE_WHEELS) && mv $(DEVICE_WHEELS).partial $(DEVICE_WHEELS)
+
+# The GPU machine's image on this CPU (requirements/compat.lock: Triton 3.6.0, transformers 5.17.0, huggingface_hub
+# 1.33.0 beside torch 2.13.0+cpu) with nothing of the project installed: the kernel tests, the ahead-of-time grid and
+# benchmarks/gpu_check_device.sh --interpret (tests marked compat) run with src/ and the device wheels on PYTHONPATH.
+COMPAT       := .venv-compat
+COMPAT_STAMP := $(COMPAT)/.installed
+COMPAT_SITE  := $(COMPAT)/device-site
+KERNEL_TESTS := tests/test_triton_kernel.py tests/test_triton_backend.py tests/test_kernel_selfcheck.py \
+	tests/test_kernel_aot.py tests/test_gpu_check.py tests/test_gpu_check_device.py
+
+$(COMPAT_STAMP): requirements/compat.lock
+	rm -rf $(COMPAT) && $(PYTHON) -m venv $(COMPAT)
+	$(call PIP,$(COMPAT)) $(TORCH_INDEX) -r requirements/compat.lock $(QUIET)
+	$(COMPAT)/bin/python -c "import torch, triton, transformers, huggingface_hub"
+	touch $(COMPAT_STAMP)
+
+test-compat: $(COMPAT_STAMP) $(DEVICE_WHEELS)/.complete
+	rm -rf $(COMPAT_SITE)
+	$(call PIP,$(COMPAT)) --no-index --no-deps --target $(COMPAT_SITE) $(DEVICE_WHEELS)/*.whl $(QUIET)
+	PYTHONPATH=$(abspath $(COMPAT_SITE)):$(abspath src) $(call PYTEST,$(COMPAT)) $(KERNEL_TESTS)
 
 # Serving with vLLM (tests/serving, docs/serving.md): its own environment, .venv-serving, from
 # requirements/serving-cpu.lock (vLLM's CPU build, the Transformers it pins, torch 2.13.0+cpu), installed without
@@ -115,13 +159,16 @@ lock: $(UV)
 		$(or $(TORCH_INDEX),--find-links=/opt/wheels) -o requirements/cpu.lock
 	$(UV) pip compile pyproject.toml requirements/build.in $(LOCK_FLAGS) --override requirements/torch-cuda.txt \
 		--python-platform x86_64-manylinux_2_28 -o requirements/cuda.lock
+	$(UV) pip compile requirements/compat.in --python-version 3.11 --quiet $(or $(TORCH_INDEX),--find-links=/opt/wheels) \
+		-o requirements/compat.lock
 
 # Each run writes a new folder, so a second `make demo` never meets (or overwrites) the first one's results.
 demo: $(STAMP)
 	$(VENV)/bin/gated-qwen reproduce --out runs/demo-$(shell date +%Y%m%d-%H%M%S)
 
-# On a lent CUDA GPU: correctness over the kernel grid, TFLOP/s vs SDPA + gate, end-to-end gated_triton vs sdpa
-# (at most 8 minutes on an H200); results.json and results.md in a new folder.
+# On a CUDA GPU with this project's .venv: correctness over the kernel grid, TFLOP/s vs SDPA + gate, end-to-end
+# gated_triton vs sdpa (at most 8 minutes on an H200); results.json and results.md in a new folder. On the project's
+# GPU machine, which can build no venv, run benchmarks/gpu_check_device.sh instead (docs/kernel.md).
 gpu-check: $(STAMP)
 	$(PY) benchmarks/gpu_check.py --out runs/gpu-check-$(shell date +%Y%m%d-%H%M%S)
 
@@ -129,4 +176,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 
 clean:
-	rm -rf $(VENV) $(LATEST) $(TOOLS) $(SERVING) build src/*.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(LATEST) $(TOOLS) $(SERVING) $(COMPAT) $(DEVICE_WHEELS) build src/*.egg-info .pytest_cache .hypothesis
