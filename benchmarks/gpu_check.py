@@ -11,16 +11,22 @@
    G1 elementwise gate) and a few layers, bf16: training step (forward, backward, AdamW) and greedy decode, tokens/s,
    `attn_implementation="gated_triton"` vs `"sdpa"`, and the gated_triton backend's self-check verdicts.
 
-Writes DIR/results.json and DIR/results.md (GPU, driver, versions, every figure) and prints the markdown.
-Before step 1 every kernel configuration the grid and step 2 need is compiled in parallel (one process per CPU core)
-into Triton's cache, so the run fits in 8 minutes on an H200.
+Writes DIR/results.json and DIR/results.md (GPU, driver, versions, every figure, the seconds of each phase) and
+prints the markdown. Before step 1 every kernel configuration the grid, step 2 and step 3's model launch is compiled
+in parallel (one process per CPU core) into Triton's cache, so the run fits in 8 minutes on an H200.
+
+`--budget SECONDS` bounds the run: the steps go in order of importance (correctness, then throughput, then end to
+end), and a piece of work (a correctness case, a sequence length, the end-to-end run) starts only while the budget
+left covers what it is expected to take (`EXPECTED_SECONDS`, for an H200); the rest is listed as skipped. SIGTERM
+(a watchdog's) stops the run and writes what it has, the rest listed as skipped.
 
     python benchmarks/gpu_check.py --out DIR                # on a CUDA GPU (also: make gpu-check)
     python benchmarks/gpu_check.py --interpret --out DIR    # CPU, Triton interpreter, tiny sizes: checks this script
                                                             # and the kernel's CPU behaviour, measures nothing
+    bash benchmarks/gpu_check_device.sh --out DIR           # on the project's GPU machine, as it is (no venv)
 
 Exit status: 0 all checks pass, 1 a correctness check failed (the figures are still written), 2 bad arguments or no
-GPU (one line on stderr).
+GPU (one line on stderr), 3 every check run passed but some were skipped (budget or SIGTERM).
 """
 
 import argparse
@@ -30,6 +36,7 @@ import json
 import math
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -42,6 +49,46 @@ TESTS = Path(__file__).resolve().parents[1] / "tests"  # where the ahead-of-time
 GOALS = {"forward_tflops": 450.0, "backward_tflops": 300.0, "fwd_bwd_vs_sdpa_gate": 1.1, "goal_min_seqlen": 2048}
 # Bounds on max |kernel − reference| / max |reference| per tensor against the fp64 reference.
 BOUND = {"fp16": 5e-3, "bf16": 4e-2, "fp32": 1e-5}
+# What a piece of work is expected to take on an H200 after the parallel compilation (first-use autotuning
+# included): one starts only while the budget left covers it. Estimates from the counts (65 cases, 290 tuner
+# configurations benchmarked at about 0.15 s each, 12 timed functions per sequence length), not yet measured.
+EXPECTED_SECONDS = {"correctness case": 3, "throughput size": 15, "end to end": 90}
+
+
+class Budget:
+    """The seconds left of the run (`None`: no limit), and what was skipped for want of them."""
+
+    def __init__(self, seconds: float | None):
+        self.deadline = None if seconds is None else time.monotonic() + seconds
+        self.skipped: list[str] = []
+
+    def left(self) -> float:
+        return math.inf if self.deadline is None else self.deadline - time.monotonic()
+
+    def allows(self, what: str, kind: str) -> bool:
+        """True if `what` (a piece of work of `kind`, a key of EXPECTED_SECONDS) fits; else records it as skipped."""
+        if self.left() >= EXPECTED_SECONDS[kind]:
+            return True
+        self.skipped.append(f"{what} ({self.left():.0f} s of the budget left, about {EXPECTED_SECONDS[kind]} s needed)")
+        return False
+
+
+class Stopped(BaseException):
+    """SIGTERM arrived (the device script's watchdog): write what was measured. A BaseException, so that the checks'
+    `except Exception` (a failing case is a result) does not swallow it."""
+
+
+def _stop(signum, frame):
+    raise Stopped(f"signal {signum}")
+
+
+def run_items(items: list, kind: str, budget: Budget, done: list, labels: set) -> None:
+    """Run `(label, work)` pairs in order while the budget allows each, appending results to `done` and the labels
+    of what ran to `labels`."""
+    for label, work in items:
+        if budget.allows(label, kind):
+            done.append(work())
+            labels.add(label)
 
 
 def parse_args(argv=None):
@@ -51,7 +98,12 @@ def parse_args(argv=None):
                    help="CPU under the Triton interpreter with tiny sizes (checks the script; timings meaningless)")
     p.add_argument("--layers", type=int, default=None, help="decoder layers of the end-to-end model (default 4; 2)")
     p.add_argument("--jobs", type=int, default=None, help="compiler processes (default: one per CPU core)")
-    return p.parse_args(argv)
+    p.add_argument("--budget", type=float, default=None,
+                   help="seconds the whole run may take; work that would not fit is skipped and listed (default: none)")
+    args = p.parse_args(argv)
+    if args.budget is not None and not args.budget > 0:
+        p.error(f"--budget must be a number of seconds > 0, got {args.budget:g}")
+    return args
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -171,27 +223,34 @@ def record(problem: Problem, device) -> list:
     return launches
 
 
-def _warm_up(job):
+def _warm_up(job) -> str | None:
     """Worker: compile one configuration of one launch through the JIT itself (`warmup`), on CUDA tensors of the
-    real shapes, so the cache entry is exactly the one the real launch looks up."""
+    real shapes, so the cache entry is exactly the one the real launch looks up. None, or the error (a failure to
+    compile is reported by the correctness step, which launches the same kernel)."""
     problem, index, entry, arch = job
     sys.path.insert(0, str(TESTS))
     import kernel_aot
 
     from gated_qwen.gated_attention_common import config_entry
 
-    launch = record(problem, "cuda")[index]
-    config = next((c for c in kernel_aot.tuner_configs(launch, arch) if c is not None and config_entry(c) == entry),
-                  None)
-    kwargs = dict(launch.kwargs) | (config.all_kwargs() if config is not None else {})
-    launch.jit.warmup(*launch.args, grid=(1,), **kwargs)
+    try:
+        launch = record(problem, "cuda")[index]
+        config = next((c for c in kernel_aot.tuner_configs(launch, arch)
+                       if c is not None and config_entry(c) == entry), None)
+        kwargs = dict(launch.kwargs) | (config.all_kwargs() if config is not None else {})
+        launch.jit.warmup(*launch.args, grid=(1,), **kwargs)
+    except Exception as err:  # reported, not fatal: the kernel compiles again (and fails visibly) on first use
+        return f"{launch.kernel if 'launch' in locals() else '?'} {entry} [{problem.label}]: {type(err).__name__}: " \
+               f"{str(err).splitlines()[0][:200] if str(err) else ''}"
+    return None
 
 
-def compile_ahead(problems: list[Problem], jobs: int) -> dict:
+def compile_ahead(problems: list[Problem], jobs: int, seconds: float) -> dict:
     """Compile every distinct (kernel, specialisation, configuration) the problems launch, in parallel processes,
-    into Triton's cache; launches that bind identically (decided on meta tensors here) are compiled once."""
+    into Triton's cache; launches that bind identically (decided on meta tensors here) are compiled once. Stops
+    handing out work after `seconds` (what is left compiles on first use, one at a time)."""
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
 
     import torch
 
@@ -213,10 +272,19 @@ def compile_ahead(problems: list[Problem], jobs: int) -> dict:
                 if key not in seen:
                     seen.add(key)
                     work.append((problem, index, config_entry(config) if config is not None else None, arch))
+    planned = time.perf_counter() - started
     context = multiprocessing.get_context("spawn")  # CUDA does not survive fork
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-        list(pool.map(_warm_up, work, chunksize=4))
-    return {"compilations": len(work), "seconds": round(time.perf_counter() - started, 1), "processes": jobs}
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context)
+    futures = [pool.submit(_warm_up, job) for job in work]
+    try:
+        done, pending = wait(futures, timeout=max(seconds - planned, 0), return_when=FIRST_EXCEPTION)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    errors = [f.result() if f.exception() is None else f"{type(f.exception()).__name__}: {f.exception()}"
+              for f in done]
+    return {"compilations": len(work), "compiled": sum(e is None for e in errors), "failed": [e for e in errors if e],
+            "unfinished": len(pending), "seconds": round(time.perf_counter() - started, 1),
+            "planning_seconds": round(planned, 1), "processes": jobs}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -307,7 +375,8 @@ def throughput_problems(interpret: bool) -> list[Problem]:
             for s in seqlens]
 
 
-def measure_throughput(problems: list[Problem], device: str) -> list[dict]:
+def measure_throughput(problem: Problem, device: str) -> dict:
+    """TFLOP/s forward, backward, forward+backward of the kernel and of SDPA + a separate gate on `problem`."""
     import torch
     import torch.nn.functional as F
 
@@ -329,35 +398,32 @@ def measure_throughput(problems: list[Problem], device: str) -> list[dict]:
     def flash_then_gate(q, k, v, g):
         return flash_attn_func(q, k, v, causal=True) * torch.sigmoid(g)
 
-    rows = []
-    for problem in problems:
-        q, k, v, gate, dy, _ = build(problem, device, seed=problem.seq)
-        inputs = [t.detach().requires_grad_() for t in (q, k, v, gate)]
-        flops_fwd = 4 * problem.batch * problem.h_q * problem.seq**2 * problem.head_dim / 2
-        flops = (flops_fwd, 2.5 * flops_fwd, 3.5 * flops_fwd)
+    q, k, v, gate, dy, _ = build(problem, device, seed=problem.seq)
+    inputs = [t.detach().requires_grad_() for t in (q, k, v, gate)]
+    flops_fwd = 4 * problem.batch * problem.h_q * problem.seq**2 * problem.head_dim / 2
+    flops = (flops_fwd, 2.5 * flops_fwd, 3.5 * flops_fwd)
 
-        def tflops(ms, flops=flops):
-            return [f / (t * 1e-3) / 1e12 for f, t in zip(flops, ms)]
+    def tflops(ms, flops=flops):
+        return [f / (t * 1e-3) / 1e12 for f, t in zip(flops, ms)]
 
-        row = {"S": problem.seq, "B": problem.batch, "kernel": tflops(time_fwd_bwd(ours, inputs, dy, device))}
-        best = None
-        for name, ctx in sdpa_backends(device):
-            try:
-                with ctx():
-                    figures = tflops(time_fwd_bwd(sdpa_then_gate, inputs, dy, device))
-            except RuntimeError as err:  # a backend not available for this shape / dtype / GPU
-                row.setdefault("sdpa_unavailable", {})[name] = str(err).splitlines()[0][:120]
-                continue
-            if best is None or figures[2] > best[1][2]:
-                best = (name, figures)
-        row["sdpa_backend"], row["sdpa_gate"] = best
-        if flash_attn_func is not None and device == "cuda":
-            row["flash_gate"] = tflops(time_fwd_bwd(flash_then_gate, inputs, dy, device))
-        rows.append(row)
-        print(f"  S={problem.seq:6d} B={problem.batch:3d}: TFLOP/s fwd/bwd/fwd+bwd kernel "
-              f"{'/'.join(f'{x:.3g}' for x in row['kernel'])}, SDPA+gate ({best[0]}) "
-              f"{'/'.join(f'{x:.3g}' for x in best[1])}", flush=True)
-    return rows
+    row = {"S": problem.seq, "B": problem.batch, "kernel": tflops(time_fwd_bwd(ours, inputs, dy, device))}
+    best = None
+    for name, ctx in sdpa_backends(device):
+        try:
+            with ctx():
+                figures = tflops(time_fwd_bwd(sdpa_then_gate, inputs, dy, device))
+        except RuntimeError as err:  # a backend not available for this shape / dtype / GPU
+            row.setdefault("sdpa_unavailable", {})[name] = str(err).splitlines()[0][:120]
+            continue
+        if best is None or figures[2] > best[1][2]:
+            best = (name, figures)
+    row["sdpa_backend"], row["sdpa_gate"] = best or ("none", [math.nan] * 3)
+    if flash_attn_func is not None and device == "cuda":
+        row["flash_gate"] = tflops(time_fwd_bwd(flash_then_gate, inputs, dy, device))
+    print(f"  S={problem.seq:6d} B={problem.batch:3d}: TFLOP/s fwd/bwd/fwd+bwd kernel "
+          f"{'/'.join(f'{x:.3g}' for x in row['kernel'])}, SDPA+gate ({row['sdpa_backend']}) "
+          f"{'/'.join(f'{x:.3g}' for x in row['sdpa_gate'])}", flush=True)
+    return row
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -365,19 +431,48 @@ def measure_throughput(problems: list[Problem], device: str) -> list[dict]:
 # ----------------------------------------------------------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True)
+class ModelSetup:
+    fields: dict
+    batch: int
+    seq: int
+    prompt: int
+    new_tokens: int
+    dtype: str
+
+
+def model_setup(interpret: bool) -> ModelSetup:
+    if interpret:
+        fields = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16)
+        return ModelSetup(fields, batch=2, seq=32, prompt=16, new_tokens=4, dtype="fp32")
+    # the paper's 1.7B widths (appendix table 7), fewer layers
+    fields = dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_attention_heads=16,
+                  num_key_value_heads=8, head_dim=128, use_qk_norm=True)
+    return ModelSetup(fields, batch=4, seq=2048, prompt=512, new_tokens=64, dtype="bf16")
+
+
+def end_to_end_problems(interpret: bool) -> list[Problem]:
+    """The kernel launches of `end_to_end`'s model (training step, prefill, decode steps against a growing cache,
+    whose key count alternates between multiples of 16 and not): compiled ahead with the rest, so its first steps
+    find them in Triton's cache instead of compiling one by one."""
+    m = model_setup(interpret)
+    heads = dict(h_q=m.fields["num_attention_heads"], h_kv=m.fields["num_key_value_heads"], batch=m.batch)
+    d = m.fields["head_dim"]
+    return [Problem(d, m.dtype, True, "elementwise", "dense", seq=m.seq, **heads),
+            Problem(d, m.dtype, True, "elementwise", "dense", seq=m.prompt, backward=False, **heads),
+            Problem(d, m.dtype, True, "elementwise", "decode", seq=m.prompt + 1, backward=False, **heads),
+            Problem(d, m.dtype, True, "elementwise", "decode", seq=m.prompt + 16, backward=False, **heads)]
+
+
 def end_to_end(device: str, interpret: bool, layers: int) -> dict:
     import torch
 
     from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, gated_attention_backend
 
-    if interpret:
-        fields = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=16)
-        batch, seq, prompt, new_tokens, dtype = 2, 32, 16, 4, torch.float32
-    else:  # the paper's 1.7B widths (appendix table 7), fewer layers
-        fields = dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_attention_heads=16,
-                      num_key_value_heads=8, head_dim=128, use_qk_norm=True)
-        batch, seq, prompt, new_tokens, dtype = 4, 2048, 512, 64, torch.bfloat16
+    m = model_setup(interpret)
+    fields, batch, seq, prompt, new_tokens = m.fields, m.batch, m.seq, m.prompt, m.new_tokens
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[m.dtype]
     config = GatedQwenConfig(num_hidden_layers=layers, max_position_embeddings=max(4096, seq + new_tokens),
                              tie_word_embeddings=True, **fields)
     result = {"config": {"layers": layers, **fields, "dtype": str(dtype).removeprefix("torch.")},
@@ -406,8 +501,10 @@ def end_to_end(device: str, interpret: bool, layers: int) -> dict:
 
         timings = {}
         for name, fn, count in (("train", train_step, batch * seq), ("decode", decode, batch * new_tokens)):
+            started = time.perf_counter()
             fn()  # warm-up: compilation, autotuning, the backend's self-check
             sync()
+            timings[name + "_warmup_s"] = round(time.perf_counter() - started, 2)
             runs = []
             for _ in range(1 if interpret else 3):
                 started = time.perf_counter()
@@ -423,7 +520,8 @@ def end_to_end(device: str, interpret: bool, layers: int) -> dict:
     for name in ("train", "decode"):
         result[name] |= {"sdpa_tokens_per_s": tokens["sdpa"][name],
                          "gated_triton_tokens_per_s": tokens["gated_triton"][name],
-                         "ratio": tokens["gated_triton"][name] / tokens["sdpa"][name]}
+                         "ratio": tokens["gated_triton"][name] / tokens["sdpa"][name],
+                         "warmup_s": {attn: tokens[attn][name + "_warmup_s"] for attn in tokens}}
     result["self_check"] = {combo.describe(): ("passed" if failure is None else failure)
                             for combo, failure in gated_attention_backend.SELF_CHECK_VERDICTS.items()}
     return result
@@ -470,8 +568,11 @@ def markdown(results: dict) -> str:
     lines.append(", ".join(f"{k} {v}" for k, v in env.items() if k != "gpu" and v is not None) + "\n")
     if "compile" in results:
         c = results["compile"]
-        lines.append(f"Compiled ahead: {c['compilations']} kernel configurations in {c['seconds']} s "
-                     f"({c['processes']} processes).\n")
+        lines.append(f"Compiled ahead: {c['compiled']} of {c['compilations']} kernel configurations in {c['seconds']} s "
+                     f"({c['processes']} processes){'; failed: ' + '; '.join(c['failed'][:5]) if c['failed'] else ''}"
+                     f".\n")
+    if results["skipped"]:
+        lines.append(f"**Skipped** (time budget {results['budget_seconds']} s): " + "; ".join(results["skipped"]) + "\n")
     rows = results["correctness"]
     failed = [r for r in rows if not r["ok"]]
     lines.append(f"#### Correctness: {len(rows) - len(failed)} of {len(rows)} cases within bounds "
@@ -502,6 +603,10 @@ def markdown(results: dict) -> str:
     lines.append(f"\nGoals (S ≥ {GOALS['goal_min_seqlen']}): forward ≥ {GOALS['forward_tflops']:g} TFLOP/s: "
                  f"{goals['forward']}; backward ≥ {GOALS['backward_tflops']:g}: {goals['backward']}; fwd+bwd ≥ "
                  f"{GOALS['fwd_bwd_vs_sdpa_gate']:g}× SDPA + gate: {goals['fwd_bwd']}.")
+    lines.append("\nSeconds per phase: " + ", ".join(f"{k} {v}" for k, v in results["phase_seconds"].items()) + ".")
+    if "end_to_end" not in results:
+        lines.append(f"\nWall time {results['seconds']} s (end to end not run). Command: {results['command']}")
+        return "\n".join(lines)
     e2e = results["end_to_end"]
     lines.append(f"\n#### End to end: GatedQwen {e2e['config']['layers']} layers, hidden {e2e['config']['hidden_size']}, "
                  f"{e2e['config']['num_attention_heads']}/{e2e['config']['num_key_value_heads']} heads of "
@@ -514,6 +619,9 @@ def markdown(results: dict) -> str:
         row = e2e[name]
         lines.append(f"| {what} | {fmt(row['sdpa_tokens_per_s'])} | {fmt(row['gated_triton_tokens_per_s'])} | "
                      f"{row['ratio']:.2f}× |")
+    lines.append("\nFirst (warm-up) call, s: " + "; ".join(
+        f"{name} " + ", ".join(f"{attn} {sec}" for attn, sec in e2e[name]["warmup_s"].items())
+        for name in ("train", "decode")) + ".")
     lines.append("\nSelf-check of the gated_triton backend on first use: " + "; ".join(
         f"{k}: {v}" for k, v in e2e["self_check"].items()) + ".")
     lines.append(f"\nWall time {results['seconds']} s. Command: {results['command']}")
@@ -524,6 +632,8 @@ def goal_status(rows: list[dict], device: str) -> dict:
     if device != "cuda":
         return {"forward": "not measured", "backward": "not measured", "fwd_bwd": "not measured"}
     long = [r for r in rows if r["S"] >= GOALS["goal_min_seqlen"]]
+    if not long:
+        return {"forward": "not measured", "backward": "not measured", "fwd_bwd": "not measured"}
 
     def verdict(ok):
         return "met" if ok else "not met"
@@ -535,6 +645,7 @@ def goal_status(rows: list[dict], device: str) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    budget = Budget(args.budget)  # from the start: the imports below take seconds too
     if args.out.exists():
         print(f"gpu_check.py: error: {args.out} exists; choose a new folder", file=sys.stderr)
         return 2
@@ -559,24 +670,57 @@ def main(argv=None) -> int:
         return 2
     device = "cpu" if args.interpret else "cuda"
     started = time.perf_counter()
+    signal.signal(signal.SIGTERM, _stop)
     results = {"command": "python benchmarks/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-               "environment": environment(device)}
+               "budget_seconds": args.budget, "environment": environment(device), "phase_seconds": {},
+               "correctness": [], "throughput": [], "skipped": budget.skipped}
     print(f"device: {results['environment']['gpu']}", flush=True)
     grid, sizes = correctness_grid(args.interpret), throughput_problems(args.interpret)
-    if device == "cuda":
-        print("compiling every kernel configuration ahead (parallel) ...", flush=True)
-        results["compile"] = compile_ahead(grid + sizes, args.jobs or os.cpu_count() or 1)
-    print(f"correctness: {len(grid)} cases", flush=True)
-    results["correctness"] = [check(p, device) for p in grid]
-    for row in results["correctness"]:
-        if not row["ok"]:
-            print(f"  FAIL {row['case']}: {row['errors']} {row.get('error', '')}", flush=True)
-    print("kernel throughput:", flush=True)
     results["throughput_setup"] = {"head_dim": sizes[0].head_dim, "heads": sizes[0].h_q}
-    results["throughput"] = measure_throughput(sizes, device)
+    layers = args.layers or (2 if args.interpret else 4)
+    phases = {
+        "correctness": [(p.label, lambda p=p: check(p, device)) for p in grid],
+        "throughput": [(f"throughput S={p.seq}", lambda p=p: measure_throughput(p, device)) for p in sizes],
+        "end to end": [("end to end", lambda: end_to_end(device, args.interpret, layers))],
+    }
+    ran: set[str] = set()
+    phase = "setup"
+    try:
+        if device == "cuda":
+            phase = "compile"
+            jobs = args.jobs or os.cpu_count() or 1
+            print(f"compiling every kernel configuration ahead ({jobs} processes) ...", flush=True)
+            # At most half the budget: what is left compiles on first use (slower, but nothing is lost).
+            results["compile"] = compile_ahead(grid + sizes + end_to_end_problems(False), jobs, budget.left() / 2)
+            if results["compile"]["unfinished"]:
+                budget.skipped.append(f"compiling {results['compile']['unfinished']} of "
+                                      f"{results['compile']['compilations']} configurations ahead (half the budget "
+                                      f"spent; they compile on first use)")
+            results["phase_seconds"]["compile"] = results["compile"]["seconds"]
+        for phase, items in phases.items():
+            phase_started = time.perf_counter()
+            what = {"correctness": "cases", "throughput": "sequence lengths", "end to end": "model"}[phase]
+            print(f"{phase}: {len(items)} {what}", flush=True)
+            done = []
+            run_items(items, {"correctness": "correctness case", "throughput": "throughput size",
+                              "end to end": "end to end"}[phase], budget, done, ran)
+            if phase == "correctness":
+                results["correctness"] = done
+                for row in done:
+                    if not row["ok"]:
+                        print(f"  FAIL {row['case']}: {row['errors']} {row.get('error', '')}", flush=True)
+            elif phase == "throughput":
+                results["throughput"] = done
+            elif done:
+                results["end_to_end"] = done[0]
+            results["phase_seconds"][phase] = round(time.perf_counter() - phase_started, 1)
+    except Stopped as stop:
+        unrun = [label for items in phases.values() for label, _ in items
+                 if label not in ran and not any(s.startswith(label + " (") for s in budget.skipped)]
+        budget.skipped.append(f"stopped by {stop} during {phase} after {time.perf_counter() - started:.0f} s: "
+                              f"{len(unrun)} pieces of work not run ({', '.join(unrun[:6])}"
+                              f"{', ...' if len(unrun) > 6 else ''})")
     results["goals"] = goal_status(results["throughput"], device)
-    print("end to end:", flush=True)
-    results["end_to_end"] = end_to_end(device, args.interpret, args.layers or (2 if args.interpret else 4))
     results["seconds"] = round(time.perf_counter() - started, 1)
     results["passed"] = all(r["ok"] for r in results["correctness"])
     report = markdown(results)
@@ -585,7 +729,9 @@ def main(argv=None) -> int:
     (staging / "results.md").write_text(report + "\n")
     staging.rename(args.out)
     print(report)
-    return 0 if results["passed"] else 1
+    if not results["passed"]:
+        return 1
+    return 3 if budget.skipped else 0
 
 
 if __name__ == "__main__":
