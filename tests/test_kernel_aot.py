@@ -73,31 +73,34 @@ def test_representative_grid_compiles_for_sm80_and_sm90_in_every_tuner_config(tm
     assert_every_tuner_config_compiled(rows, "D=64 bf16 full headwise dense", [80], 64, kernels=("forward",))
 
 
-@pytest.mark.parametrize("installed, forward_sm80", [
-    ((3, 5), {64: "3.7", 128: "3.9"}),  # 3.5.1 and 3.6.0 (torch 2.11, the GPU machine): also 3.7.1's replacement
-    ((3, 6), {64: "3.7", 128: "3.9"}),
-    ((3, 7), {64: "main", 128: "3.9"}),  # 3.7.1 (torch 2.13's CUDA pin)
-    ((3, 8), {64: "main", 128: "3.9"}),
-    ((3, 9), {64: "main", 128: "main"}),
-    ((3, 10), {64: "main", 128: "main"}),
+FORWARD_80 = ("forward", "sm80")
+DKDV_90 = ("backward_dkdv", "sm90")
+
+
+@pytest.mark.parametrize("installed, replaced", [
+    # 3.5.1: its own dK/dV list on sm_90, 3.6.0's and 3.7.1's forward lists on sm_80
+    ((3, 5), {(*FORWARD_80, 64): (3, 7), (*FORWARD_80, 128): (3, 9), (*DKDV_90, 128): (3, 6)}),
+    ((3, 6), {(*FORWARD_80, 64): (3, 7), (*FORWARD_80, 128): (3, 9)}),  # 3.6.0 (torch 2.11, the GPU machine)
+    ((3, 7), {(*FORWARD_80, 128): (3, 9)}),  # 3.7.1 (torch 2.13's CUDA pin)
+    ((3, 8), {(*FORWARD_80, 128): (3, 9)}),
+    ((3, 9), {}),
+    ((3, 10), {}),
 ])
-def test_each_triton_tries_the_entries_its_compiler_does_not_spill(monkeypatch, installed, forward_sm80):
+def test_each_triton_tries_the_entries_its_compiler_does_not_spill(monkeypatch, installed, replaced):
     """Triton 3.7.1 spills in sm_80 forward tiles of head dim 128 that 3.9 compiles cleanly, 3.6.0 also in one of
-    head dim 64: below 3.9 and below 3.7 the tuner tries the replacement lists for those, the main space everywhere
-    else (the AOT grids check the lists under 3.7.1 in `make test` and under 3.6.0 in `make test-compat`)."""
+    head dim 64, 3.5.1 also in a sm_90 dK/dV tile: below 3.9, 3.7 and 3.6 the tuner tries the replacement lists for
+    those, an older Triton inherits the newer ones', and everything else tries the main space (the AOT grids check
+    the lists under 3.7.1 in `make test` and under 3.6.0 in `make test-compat`)."""
     from gated_qwen import gated_attention_common as common
 
-    lists = {"main": lambda hd: common.TUNING_SPACE["forward"]["sm80"][hd],
-             "3.9": lambda hd: common.TUNING_SPACE_BEFORE_TRITON[3, 9]["forward", "sm80", hd],
-             "3.7": lambda hd: common.TUNING_SPACE_BEFORE_TRITON[3, 7]["forward", "sm80", hd]}
     monkeypatch.setattr(common, "TRITON_VERSION", installed)
-    for head_dims, which in forward_sm80.items():
-        assert common.allowed_entries("forward", (8, 0), head_dims) == lists[which](head_dims), head_dims
-    assert (128, 128, 8, 3) in lists["main"](64) and (128, 128, 8, 3) not in lists["3.7"](64)
-    # Nothing else is replaced: every other kernel, family and head-dim class tries the main space.
+    capabilities = {"sm90": (9, 0), "sm80": (8, 0), "small": (8, 6)}
     for kernel, families in common.TUNING_SPACE.items():
         for family, classes in families.items():
             for head_dims, entries in classes.items():
-                if (kernel, family) != ("forward", "sm80") or head_dims not in forward_sm80:
-                    capability = {"sm90": (9, 0), "sm80": (8, 0), "small": (8, 6)}[family]
-                    assert common.allowed_entries(kernel, capability, head_dims) == entries
+                key = (kernel, family, head_dims)
+                expected = common.TUNING_SPACE_BEFORE_TRITON[replaced[key]][key] if key in replaced else entries
+                assert common.allowed_entries(kernel, capabilities[family], head_dims) == expected, key
+    assert (128, 128, 8, 3) in common.TUNING_SPACE["forward"]["sm80"][64]
+    assert (128, 128, 8, 3) not in common.TUNING_SPACE_BEFORE_TRITON[3, 7]["forward", "sm80", 64]
+    assert (64, 64, 8, 2) not in common.TUNING_SPACE_BEFORE_TRITON[3, 6]["backward_dkdv", "sm90", 128]
