@@ -42,6 +42,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 [ -n "$out" ] || refuse "--out DIR is required (a new folder for results.json, results.md and gpu_check.log)"
+[ "$out" = / ] || out=${out%/}
 [ ! -e "$out" ] && [ ! -L "$out" ] || refuse "$out exists; choose a new folder"
 parent=$(dirname "$out")
 [ -d "$parent" ] || refuse "the folder $parent (where $out would go) does not exist"
