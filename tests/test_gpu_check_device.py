@@ -4,8 +4,8 @@ Triton 3.6, transformers 5.17, huggingface_hub 1.33) and reaches no package regi
 The `compat` test is the first GPU run rehearsed on a CPU: the whole script under the Triton interpreter in
 .venv-compat (requirements/compat.lock, the image's versions, nothing of the project installed) with only the wheels
 of `make device-wheels` added, so that run cannot fail on an import. `make test-compat` runs it (it needs both
-folders); `make test` deselects it. The other tests hold the wheel list to the lock the suite runs with and check the
-script's refusals, anywhere."""
+folders); `make test` deselects it. The other tests hold the wheel list to the lock the suite runs with, .venv-compat's
+lock to the image's package list (requirements/gpu-image.txt), and check the script's refusals, anywhere."""
 
 import json
 import os
@@ -41,6 +41,22 @@ def test_the_device_wheels_are_the_versions_the_suite_runs_with():
     assert {"transformers", "huggingface-hub"} <= set(wanted)
     locked = pins(ROOT / "requirements" / "cpu.lock")
     assert {name: locked.get(name) for name in wanted} == wanted
+
+
+def test_the_compat_environment_holds_only_what_the_gpu_image_has():
+    """.venv-compat (requirements/compat.lock) stands in for the GPU machine's image (requirements/gpu-image.txt, read
+    there): a distribution it has and the image lacks would let an import pass here that fails there."""
+    image_lines = [line for line in (ROOT / "requirements" / "gpu-image.txt").read_text().splitlines()
+                   if line and not line.startswith("#")]
+    image_names = {re.sub(r"[-_.]+", "-", line.split("==")[0]).lower() for line in image_lines}
+    image_versions = pins(ROOT / "requirements" / "gpu-image.txt")
+    locked = pins(ROOT / "requirements" / "compat.lock")
+    assert sorted(set(locked) - image_names) == []
+    # The versions seen on the image, but for the two no CPU copy can have (requirements/compat.in): torch's CUDA
+    # build and NumPy 2.5 (no wheel for the CPU torch's Python 3.11).
+    copied = {name: version for name, version in image_versions.items()
+              if name in locked and name not in ("torch", "numpy")}
+    assert {name: locked[name] for name in copied} == copied
 
 
 @pytest.mark.parametrize("args, message", [
