@@ -135,6 +135,9 @@ def main() -> None:
     else:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        # trust_remote_code copies the folder's modeling files into the modules cache: the run's own, not the
+        # user's (~/.cache/huggingface), for the engines and the generate worker (which inherits it)
+        os.environ["HF_MODULES_CACHE"] = str((args.folder / "modules-cache").resolve())
         result = run(args.folder, args.repeats, args.generate_python)
         print(json.dumps(result, indent=1))
         (args.folder / "results.json").write_text(json.dumps(result, indent=1))
