@@ -12,8 +12,6 @@ import argparse
 import os
 import sys
 
-from .import_noise import quiet_import_noise
-
 REFUSED = 2  # a bad input, flag or destination (argparse uses 2 for bad flags too)
 
 
@@ -51,7 +49,6 @@ def _one_line(error: BaseException) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    quiet_import_noise()
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

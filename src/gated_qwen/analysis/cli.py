@@ -11,13 +11,11 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import pickle
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..outputs import CONFIG_VALUE_ERRORS, check_output, config_from_dict, output_file, output_folder, write_json
+from ..outputs import check_output, output_file, output_folder, write_json
 
 if TYPE_CHECKING:
     import torch
@@ -30,8 +28,6 @@ class Inputs:
     `reproduce`). Every window starts the way training sequences did: with BOS where there is one."""
 
     def __init__(self, model_path: str, vocab_size: int, text: str | None, tokens: str | None):
-        import torch
-
         from .data import CORPORA
 
         self.vocab_size = vocab_size
@@ -63,14 +59,10 @@ class Inputs:
             except SafetensorError as error:
                 raise ValueError(f"--tokens {tokens!r} is not a safetensors file ({' '.join(str(error).split())}); "
                                  "give a safetensors file holding `input_ids` [N, S].") from None
-            ids = tensors.get("input_ids")
-            if ids is None or ids.dim() != 2 or ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+            if "input_ids" not in tensors or tensors["input_ids"].dim() != 2:
                 raise ValueError(f"--tokens {tokens!r} must hold a 2-D integer tensor `input_ids` [N, S]; it holds "
-                                 f"{ {k: f'{tuple(v.shape)} {v.dtype}' for k, v in tensors.items()} }.")
-            if ids.numel() == 0:
-                raise ValueError(f"--tokens {tokens!r} holds no tokens (`input_ids` is {tuple(ids.shape)}); give at "
-                                 "least one sequence.")
-            self.rows = ids.long()
+                                 f"{ {k: tuple(v.shape) for k, v in tensors.items()} }.")
+            self.rows = tensors["input_ids"].long()
             self.description = f"{tokens} ({self.rows.shape[0]} x {self.rows.shape[1]} tokens)"
         else:
             language = next((corpus() for corpus in CORPORA.values() if corpus().vocab_size == vocab_size), None)
@@ -123,24 +115,11 @@ def _load_model(path: str, dtype: str, device: str):
         raise ValueError(f"MODEL {path!r} is not a model folder (no config.json); pass a folder written by "
                          "save_pretrained.")
     config_dict, _ = PreTrainedConfig.get_config_dict(path)
-    try:
-        if config_dict.get("model_type") not in GATED_MODEL_TYPES:  # another format: its GatedQwen config
-            config_dict = GatedQwenConfig.checkpoint_reader.config_dict(config_dict, {})
-        moe = config_dict["model_type"] == GatedQwenMoeForCausalLM.config_class.model_type
-        causal_lm = GatedQwenMoeForCausalLM if moe else GatedQwenForCausalLM
-    except CONFIG_VALUE_ERRORS as error:
-        raise ValueError(f"MODEL {path!r}: config.json is not a valid config ({' '.join(str(error).split())}).") from None
-    config_from_dict(causal_lm.config_class, config_dict, f"the config.json of MODEL {path!r}")  # refused before loading
-    try:
-        model = causal_lm.from_pretrained(path, dtype=getattr(torch, dtype), attn_implementation="sdpa",
-                                          return_dict=True)  # outputs as measure reads them, whatever config.json says
-    except pickle.UnpicklingError as error:
-        from ..conversion.io import unpickling_reason
-
-        raise ValueError(
-            f"MODEL {path!r} holds pickled weights that torch.load(weights_only=True) refuses ("
-            f"{unpickling_reason(error)}); only plain tensors are read from pickled files. Save the weights as "
-            "safetensors from a source you trust.") from None
+    if config_dict.get("model_type") not in GATED_MODEL_TYPES:  # another format: its GatedQwen config
+        config_dict = GatedQwenConfig.checkpoint_reader.config_dict(config_dict, {})
+    moe = config_dict["model_type"] == GatedQwenMoeForCausalLM.config_class.model_type
+    causal_lm = GatedQwenMoeForCausalLM if moe else GatedQwenForCausalLM
+    model = causal_lm.from_pretrained(path, dtype=getattr(torch, dtype), attn_implementation="sdpa")
     return model.to(device).eval()
 
 
@@ -148,132 +127,6 @@ def _device(name: str) -> str:
     import torch
 
     return ("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name
-
-
-# ------------------------------------------------------------------------------------------------ memory checks
-def available_memory(device: str) -> tuple[int, str] | None:
-    """(bytes this process can still allocate on `device`, where the number comes from), None where unknown: on a
-    GPU what it has free, on the CPU the smaller of the system's available memory and this cgroup's limit."""
-    if device.startswith("cuda"):
-        import torch
-
-        return torch.cuda.mem_get_info(torch.device(device))[0], f"free on {device}"
-    found = []
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                found.append((int(line.split()[1]) * 1024, "MemAvailable"))
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        if limit != "max":
-            used = int(Path("/sys/fs/cgroup/memory.current").read_text())
-            found.append((max(0, int(limit) - used), "this cgroup's memory.max"))
-    except (OSError, ValueError):
-        pass
-    return min(found) if found else None
-
-
-def forward_bytes(config, batch: int, length: int, dtype_bytes: int, *, logits: bool = False,
-                  gate_logits: bool = False, map_tokens: int = 0) -> int:
-    """About how much memory one forward of `batch` sequences of `length` tokens allocates besides the weights:
-    the activations of a layer (linear in the tokens: with causal masks the fused SDPA kernels need no score
-    matrix), the mask of a sliding window ([batch, length, length], which Transformers builds whole, and its float
-    copy), every layer's gate logits (`gate_logits`, kept for `analyze`), the full attention maps of the first
-    `map_tokens` tokens, and the logits over the vocabulary (`logits`, with their float32 copy and log-softmax)."""
-    tokens = batch * length
-    heads, kv_heads, head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
-    width = 4 * config.hidden_size + 3 * getattr(config, "intermediate_size", 0) + (2 * heads + 2 * kv_heads) * head_dim
-    total = tokens * width * dtype_bytes + tokens * kv_heads * head_dim * 4  # + the one-hot value of F-Attn
-    if "sliding_attention" in (getattr(config, "layer_types", None) or ()):
-        total += 5 * batch * length * length
-    if gate_logits:
-        total += tokens * config.num_hidden_layers * heads * head_dim * 4
-    if map_tokens:
-        total += 16 * batch * heads * min(map_tokens, length) ** 2
-    if logits:
-        total += tokens * config.vocab_size * (dtype_bytes + 8)
-    return total
-
-
-def check_fits(needed: Callable[[int], int], value: int, flag: str, what: str, device: str, least: int = 2) -> None:
-    """Refuses `flag value` (a `ValueError` naming the most that fits, from `least` up) when `needed(value)` bytes,
-    for `what`, are more than `device` has available; `needed` grows with the value."""
-    available = available_memory(device)
-    if available is None or needed(value) <= available[0]:
-        return
-    fits, above = least - 1, value
-    while above - fits > 1:  # the largest value that fits, by bisection
-        middle = (fits + above) // 2
-        fits, above = (middle, above) if needed(middle) <= available[0] else (fits, middle)
-    limit = f"the most that fits is about {flag} {fits}" if fits >= least else f"not even {flag} {least} fits"
-    raise ValueError(f"{flag} {value} needs about {needed(value) / 2**30:.1f} GiB of memory for {what}, more than the "
-                     f"{available[0] / 2**30:.1f} GiB available ({available[1]} on this machine); {limit}.")
-
-
-def check_windows_fit(args, length: int) -> None:
-    """Refuses `--sequences` whose held-out windows of `length` tokens, sampled from the built-in corpus, would not
-    fit in the machine's memory: int64 tokens, with room for the corpus's working copies (4 x the windows). Windows
-    of a `--text` or `--tokens` file are no more than the file holds."""
-    if not (args.text or args.tokens):
-        check_fits(lambda count: 32 * count * length, args.sequences, "--sequences",
-                   f"the held-out windows of {length} tokens (built whole, on the CPU)", "cpu", least=1)
-
-
-def training_bytes(preset) -> int:
-    """About the peak memory of one `reproduce` run of `preset` (a `reproduce.Preset`), from its sizes alone (no
-    config is built: `--layers 10**9` would make a list of 10**9 layer types): the float32 weights, their gradients
-    and Adam's two moments (16 bytes a parameter; the gate counted as the largest, elementwise, one), the training
-    and held-out documents, and the largest forward the run makes: a training step (kept for the backward, about 3
-    forwards), the analysis of `analysis_documents`, or the longest extrapolation length."""
-    from types import SimpleNamespace
-
-    hidden, heads, kv_heads, head_dim = (preset.hidden_size, preset.num_attention_heads, preset.num_key_value_heads,
-                                         preset.head_dim)
-    shape = SimpleNamespace(vocab_size=preset.language.vocab_size, hidden_size=hidden, head_dim=head_dim,
-                            intermediate_size=preset.intermediate_size, num_hidden_layers=preset.num_hidden_layers,
-                            num_attention_heads=heads, num_key_value_heads=kv_heads)
-    per_layer = hidden * (3 * heads + 2 * kv_heads) * head_dim + 3 * hidden * preset.intermediate_size + 4 * hidden
-    parameters = preset.num_hidden_layers * per_layer + 2 * preset.language.vocab_size * hidden
-    longest = preset.seq_len * max(preset.extrapolation)
-    documents = 8 * (preset.steps * preset.batch_size * preset.seq_len
-                     + max(preset.eval_documents, preset.extrapolation_documents) * longest)
-    forward = max(3 * forward_bytes(shape, preset.batch_size, preset.seq_len, 4, logits=True),
-                  forward_bytes(shape, preset.analysis_documents, preset.seq_len, 4, gate_logits=True, map_tokens=32),
-                  forward_bytes(shape, preset.extrapolation_documents, longest, 4, logits=True))
-    return 16 * parameters + documents + forward
-
-
-def _training_sizes(preset) -> list[tuple[str, str, int, Callable[[int], dict], int]]:
-    """(flag, its `args` name, its value, the preset's fields at another value, its least value) of each `reproduce`
-    flag that sizes a run."""
-    def width(n: int) -> dict:  # heads keep their number, head and MLP widths their ratio to the model's
-        return dict(hidden_size=n, head_dim=max(1, n * preset.head_dim // preset.hidden_size),
-                    intermediate_size=n * preset.intermediate_size // preset.hidden_size)
-
-    return [("--hidden-size", "hidden_size", preset.hidden_size, width, preset.num_attention_heads),
-            ("--layers", "layers", preset.num_hidden_layers, lambda n: dict(num_hidden_layers=n), 1),
-            ("--seq-len", "seq_len", preset.seq_len, lambda n: dict(seq_len=n), 2),
-            ("--batch-size", "batch_size", preset.batch_size, lambda n: dict(batch_size=n), 1),
-            ("--steps", "steps", preset.steps, lambda n: dict(steps=n), 1)]
-
-
-def check_training_fits(preset, runs_at_once: int, args, device: str) -> None:
-    """Refuses a `reproduce` whose runs at once (`training_bytes` each) would not fit in `device`'s memory, naming
-    the first flag that alone could make it fit (a flag given on the command line first) and the most that fits."""
-    import dataclasses
-
-    available = available_memory(device)
-    if available is None or runs_at_once * training_bytes(preset) <= available[0]:
-        return
-    sizes = sorted(_training_sizes(preset), key=lambda size: getattr(args, size[1], None) is None)
-    needed = {flag: lambda n, fields=fields: runs_at_once * training_bytes(dataclasses.replace(preset, **fields(n)))
-              for flag, _, _, fields, _ in sizes}
-    enough = [size for size in sizes if needed[size[0]](size[4]) <= available[0]]
-    flag, _, value, _, least = (enough or sizes)[0]
-    check_fits(needed[flag], value, flag, f"{runs_at_once} run(s) at once with the other sizes as given (weights, "
-               "gradients and optimizer state, documents, activations)", device, least)
 
 
 # --------------------------------------------------------------------------------------------------- analyze
@@ -284,12 +137,6 @@ def run_analyze(args) -> int:
     out = dict(inputs=[args.model, args.text, args.tokens], overwrite=args.overwrite, create_parents=True)
     check_output(args.out, **out)  # before the slow part
     model = _load_model(args.model, args.dtype, _device(args.device))
-    dtype_bytes = next(model.parameters()).element_size()
-    check_fits(lambda length: forward_bytes(model.config, min(args.batch_size, args.sequences), length, dtype_bytes,
-                                            gate_logits=True, map_tokens=args.map_tokens, logits=bool(args.quant)),
-               args.length, "--length", f"one batch of {min(args.batch_size, args.sequences)} sequence(s)"
-               + (" and its logits (--quant)" if args.quant else ""), _device(args.device))
-    check_windows_fit(args, args.length)
     inputs = Inputs(args.model, model.config.vocab_size, args.text, args.tokens)
     ids = inputs.windows(args.length, args.sequences)
     layers = model.config.num_hidden_layers
@@ -319,11 +166,6 @@ def run_eval_ppl(args) -> int:
     if args.out:
         check_output(args.out, kind="file", **out)  # before the slow part
     model = _load_model(args.model, args.dtype, _device(args.device))
-    dtype_bytes = next(model.parameters()).element_size()
-    batch = min(args.batch_size, args.sequences)
-    check_fits(lambda length: forward_bytes(model.config, batch, length, dtype_bytes, logits=True), max(args.lengths),
-               "--lengths", f"one batch of {batch} sequence(s) and its logits", _device(args.device))
-    check_windows_fit(args, max(args.lengths))
     inputs = Inputs(args.model, model.config.vocab_size, args.text, args.tokens)
     rows = perplexity_by_length(model, lambda length: inputs.windows(length, args.sequences), args.lengths,
                                 yarn_factor=args.yarn, batch_size=args.batch_size)
@@ -369,20 +211,19 @@ def run_reproduce(args) -> int:
         preset = dataclasses.replace(preset, mact=None)
     if args.no_long_context_model:
         preset = dataclasses.replace(preset, long_context=None)
-    variants = list(dict.fromkeys(args.variants.split(","))) if args.variants else list(reproduce.VARIANTS)
+    variants = args.variants.split(",") if args.variants else list(reproduce.VARIANTS)
     unknown = [v for v in variants if v not in reproduce.VARIANTS]
     if unknown:
         raise ValueError(f"--variants: unknown {unknown}; choose from {list(reproduce.VARIANTS)}.")
     if HELDOUT_SEED in preset.seeds:
         raise ValueError(f"--seeds {HELDOUT_SEED} draws the held-out documents; choose another seed.")
+    for variant in variants:
+        reproduce.model_config(preset, variant)  # a size the model refuses fails now, not in a worker
     out = dict(overwrite=args.overwrite, create_parents=True)
     check_output(args.out, **out)
     runs = sum(len(runs(preset, variants)) for runs in (reproduce.planned_runs, reproduce.mact_runs,
                                                          reproduce.long_context_runs))
     jobs = args.jobs or (1 if torch.cuda.is_available() else min(runs, os.cpu_count() or 1))
-    check_training_fits(preset, min(jobs, runs), args, "cuda" if torch.cuda.is_available() else "cpu")
-    for variant in variants:  # a size the model refuses fails now, not in a worker
-        reproduce.model_config(preset, variant)
     device = (torch.cuda.get_device_name(0) if torch.cuda.is_available()
               else f"{os.cpu_count()} CPU cores ({reproduce.cpu_name()})")
     with output_folder(args.out, **out) as folder:
@@ -412,20 +253,6 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
-def _length(text: str) -> int:
-    value = int(text)
-    if value < 2:
-        raise argparse.ArgumentTypeError(f"must be at least 2 (a token is predicted from the ones before it), got {text}")
-    return value
-
-
-def _seed(text: str) -> int:
-    value = int(text)
-    if not 0 <= value < 2**32:
-        raise argparse.ArgumentTypeError(f"a seed must be in [0, 2**32 - 1], got {text}")
     return value
 
 
@@ -471,7 +298,7 @@ def register(subparsers) -> None:
     _add_model_inputs(parser)
     parser.add_argument("--out", required=True, metavar="DIR", help="output folder (created whole or not at all)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing non-empty --out")
-    parser.add_argument("--length", type=_length, default=2048, help="tokens per sequence (default 2048)")
+    parser.add_argument("--length", type=_positive_int, default=2048, help="tokens per sequence (default 2048)")
     parser.add_argument("--sequences", type=_positive_int, default=1, help="sequences to average over (default 1)")
     parser.add_argument("--map-tokens", type=_positive_int, default=32, help="attention maps of the first N tokens")
     parser.add_argument("--map-layers", type=int, nargs="+", help="layers to draw (default: first, middle, last)")
@@ -483,7 +310,7 @@ def register(subparsers) -> None:
 
     parser = subparsers.add_parser("eval-ppl", help="perplexity against context length, with and without YaRN")
     _add_model_inputs(parser)
-    parser.add_argument("--lengths", type=_length, nargs="+", required=True, help="context lengths")
+    parser.add_argument("--lengths", type=_positive_int, nargs="+", required=True, help="context lengths")
     parser.add_argument("--yarn", type=_yarn_factor, metavar="FACTOR",
                         help="also evaluate with YaRN extending the trained context by FACTOR")
     parser.add_argument("--sequences", type=_positive_int, default=8, help="windows per length (default 8)")
@@ -500,10 +327,10 @@ def register(subparsers) -> None:
     parser.add_argument("--steps", type=_positive_int, help="training steps per run")
     parser.add_argument("--hidden-size", type=_positive_int, help="model width (heads keep their number)")
     parser.add_argument("--layers", type=_positive_int, help="decoder layers")
-    parser.add_argument("--seq-len", type=_length, help="training context length")
+    parser.add_argument("--seq-len", type=_positive_int, help="training context length")
     parser.add_argument("--batch-size", type=_positive_int, help="sequences per step")
     parser.add_argument("--learning-rates", type=_positive_float, nargs=2, metavar=("STANDARD", "HIGH"))
-    parser.add_argument("--seeds", "--seed", type=_seed, nargs="+", metavar="SEED",
+    parser.add_argument("--seeds", "--seed", type=int, nargs="+", metavar="SEED",
                         help="train every model once per seed (default: the preset's, 0 1)")
     parser.add_argument("--corpus",
                         help="bigram-backcopy (default): sinks throughout the sequence; repeats: spans copied from "

@@ -19,18 +19,14 @@ with and without YaRN.
 
 from __future__ import annotations
 
-import io
+import concurrent.futures
 import json
 import math
 import multiprocessing
 import os
 import platform
-import signal
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -41,7 +37,6 @@ from .data import CORPORA, HELDOUT_SEED, BigramBackcopy, KeyValueRecall, Synthet
 from .measure import analyze, first_token_attention_per_query, mean_nll, perplexity_by_length
 from .plots import moving_average
 from .quantize import SCHEMES, perplexity_under_quantization
-from .workers import SCRATCH, worker_started
 
 VARIANTS: dict[str, dict] = {
     "baseline": {"gate_position": None},
@@ -196,35 +191,27 @@ def extrapolation_lengths(preset: Preset) -> list[int]:
     return [preset.seq_len * m for m in preset.extrapolation]
 
 
-def train_and_measure(preset: Preset, variant: str, learning_rate: float, seed: int,
-                      threads: int | None = None) -> tuple[dict, torch.nn.Module]:
+def train_and_measure(preset: Preset, variant: str, learning_rate: float, seed: int, save_to: str | None,
+                      threads: int | None = None) -> dict:
     """Trains one model with the `Trainer` and measures it. Returns a JSON-ready dict (the attention maps and
-    F-Attn by position as tensors under `"tensors"`) and the trained model. Writes nothing but a scratch folder of
-    its own (the caller saves the model: a worker process never writes into the output)."""
-    if threads:
-        torch.set_num_threads(threads)
-    with _quiet_transformers():
-        return _train_and_measure_quietly(preset, variant, learning_rate, seed)
-
-
-@contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    """Transformers' warnings and progress bars off (save_pretrained would draw one per model), restored after."""
+    F-Attn by position as tensors under `"tensors"`); saves the model to `save_to` when given."""
     import transformers
 
+    if threads:
+        torch.set_num_threads(threads)
     verbosity, bars = transformers.logging.get_verbosity(), transformers.utils.logging.is_progress_bar_enabled()
     transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.disable_progress_bar()  # save_pretrained would draw one per model
     try:
-        yield
+        return _train_and_measure_quietly(preset, variant, learning_rate, seed, save_to)
     finally:
         transformers.logging.set_verbosity(verbosity)
         if bars:
             transformers.utils.logging.enable_progress_bar()
 
 
-def _train_and_measure_quietly(preset: Preset, variant: str, learning_rate: float,
-                               seed: int) -> tuple[dict, torch.nn.Module]:
+def _train_and_measure_quietly(preset: Preset, variant: str, learning_rate: float, seed: int,
+                               save_to: str | None) -> dict:
     from transformers import Trainer, TrainingArguments
     from transformers.trainer_callback import PrinterCallback
 
@@ -236,8 +223,7 @@ def _train_and_measure_quietly(preset: Preset, variant: str, learning_rate: floa
     torch.manual_seed(seed)
     model = GatedQwenForCausalLM(model_config(preset, variant))
     model.set_attn_implementation("sdpa")
-    with tempfile.TemporaryDirectory(prefix="gated-qwen-trainer-") as scratch:
-        SCRATCH.add(scratch)
+    with tempfile.TemporaryDirectory() as scratch:
         args = TrainingArguments(
             output_dir=scratch, max_steps=preset.steps, per_device_train_batch_size=preset.batch_size,
             learning_rate=learning_rate, lr_scheduler_type="cosine",
@@ -248,10 +234,7 @@ def _train_and_measure_quietly(preset: Preset, variant: str, learning_rate: floa
         )
         trainer = Trainer(model=model, args=args, train_dataset=_Documents(train))
         trainer.remove_callback(PrinterCallback)
-        try:
-            trainer.train()
-        finally:
-            SCRATCH.discard(scratch)
+        trainer.train()
     history = [entry for entry in trainer.state.log_history if "loss" in entry]
     losses = [float(entry["loss"]) for entry in history]
     trained = time.perf_counter()
@@ -287,29 +270,13 @@ def _train_and_measure_quietly(preset: Preset, variant: str, learning_rate: floa
     result["seconds"] = {"train": trained - started, "measure": time.perf_counter() - trained}
     result["tensors"] = {"attention_maps": analysis["attention_maps"],
                          "first_token_attention_by_position": analysis["first_token_attention_by_position"]}
-    return result, model
+    if save_to:
+        model.save_pretrained(save_to)
+    return result
 
 
-def _train_in_worker(numbered: tuple[int, dict]) -> tuple[int, dict, object, bytes]:  # picklable entry point
-    """(index, result, config, tensors) of one run, its tensors (the model's state dict, the result's `"tensors"`)
-    as the bytes of `torch.save`, read back by `_tensors_from_worker`: a trained model holds hooks that do not pickle,
-    and tensors pickled as they are travel through a socket file in TMPDIR, which a long TMPDIR makes too long a path
-    for a Unix socket (108 bytes)."""
-    index, run = numbered
-    result, model = train_and_measure(**run)
-    packed = io.BytesIO()
-    torch.save({"state": model.state_dict(), "tensors": result.pop("tensors")}, packed)
-    return index, result, model.config, packed.getvalue()
-
-
-def _tensors_from_worker(result: dict, config, tensors: bytes) -> tuple[dict, torch.nn.Module]:
-    """The result and model of one run that `_train_in_worker` handed back."""
-    from .. import GatedQwenForCausalLM
-
-    packed = torch.load(io.BytesIO(tensors), weights_only=True)
-    model = GatedQwenForCausalLM(config)
-    model.load_state_dict(packed["state"])
-    return {**result, "tensors": packed["tensors"]}, model
+def _train_and_measure(kwargs: dict) -> dict:  # picklable entry point for worker processes
+    return train_and_measure(**kwargs)
 
 
 def planned_runs(preset: Preset, variants: list[str]) -> list[tuple[str, float, int]]:
@@ -356,51 +323,33 @@ MODEL_PREFIX = {"mact": "mact-", "long": "long-", "main": ""}  # models/<prefix>
 def run_all(preset: Preset, variants: list[str], models_dir: Path | None, jobs: int,
             progress: bool = True) -> list[dict]:
     """Every run of `mact_runs` (first: they take longest), `long_context_runs` and `planned_runs`, each result with
-    its `"part"`: "mact", "long" or "main"; each model saved into `models_dir` (if given) by this process. With
-    `jobs` > 1, that many runs at a time in spawned worker processes (CPU threads shared out among them), which needs
-    the calling script's code under `if __name__ == "__main__":` as usual for multiprocessing. The workers write
-    nothing (they hand back results and models) and end with this process: on an error or Ctrl-C here they are
-    terminated (they ignore Ctrl-C themselves, so they print nothing), and a worker whose parent was killed exits
-    within 0.2 s."""
+    its `"part"`: "mact", "long" or "main"; with `jobs` > 1 that many at a time in spawned processes (CPU threads shared out among them),
+    which needs the calling script's code under `if __name__ == "__main__":` as usual for multiprocessing."""
     from tqdm.auto import tqdm
 
     planned = ([("mact", mact_preset(preset), *run) for run in mact_runs(preset, variants)]
                + [("long", long_context_preset(preset), *run) for run in long_context_runs(preset, variants)]
                + [("main", preset, *run) for run in planned_runs(preset, variants)])
-    runs = [dict(preset=chosen, variant=variant, learning_rate=learning_rate, seed=seed)
-            for _, chosen, variant, learning_rate, seed in planned]
-    save_to = [models_dir / f"{MODEL_PREFIX[part]}{run_name(variant, learning_rate, seed)}" if models_dir else None
-               for part, _, variant, learning_rate, seed in planned]
+    runs = [dict(preset=chosen, variant=variant, learning_rate=learning_rate, seed=seed,
+                 save_to=str(models_dir / f"{MODEL_PREFIX[part]}{run_name(variant, learning_rate, seed)}")
+                 if models_dir else None)
+            for part, chosen, variant, learning_rate, seed in planned]
+    bar = tqdm(total=len(runs), desc="reproduce", unit="run", disable=not progress)
     results: list[dict | None] = [None] * len(runs)
-
-    def finished(index: int, result: dict, model) -> None:
-        results[index] = result
-        if save_to[index] is not None:
-            with _quiet_transformers():
-                model.save_pretrained(save_to[index])
-
-    with tqdm(total=len(runs), desc="reproduce", unit="run", disable=not progress) as bar:
-        if jobs <= 1:
-            for index, run in enumerate(runs):
-                bar.set_postfix_str(run_name(run["variant"], run["learning_rate"], run["seed"]))
-                finished(index, *train_and_measure(**run))
+    if jobs <= 1:
+        for i, run in enumerate(runs):
+            bar.set_postfix_str(run_name(run["variant"], run["learning_rate"], run["seed"]))
+            results[i] = train_and_measure(**run)
+            bar.update(1)
+    else:
+        threads = max(1, (os.cpu_count() or 1) // jobs)
+        context = multiprocessing.get_context("spawn")  # fork after torch has started threads is unsafe
+        with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+            futures = {pool.submit(_train_and_measure, {**run, "threads": threads}): i for i, run in enumerate(runs)}
+            for future in concurrent.futures.as_completed(futures):
+                results[futures[future]] = future.result()
                 bar.update(1)
-        else:
-            threads = max(1, (os.cpu_count() or 1) // jobs)
-            context = multiprocessing.get_context("spawn")  # fork after torch has started threads is unsafe
-            # The workers start with Ctrl-C ignored (inherited), so one pressed while they import is the parent's too.
-            main_thread = threading.current_thread() is threading.main_thread()
-            previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
-            try:
-                pool = context.Pool(jobs, initializer=worker_started, initargs=(os.getpid(),))
-            finally:
-                if main_thread:
-                    signal.signal(signal.SIGINT, previous)
-            with pool:  # on leaving, for any reason, the workers are terminated
-                numbered = [(index, {**run, "threads": threads}) for index, run in enumerate(runs)]
-                for index, *handed_back in pool.imap_unordered(_train_in_worker, numbered):
-                    finished(index, *_tensors_from_worker(*handed_back))
-                    bar.update(1)
+    bar.close()
     return [{**result, "part": part} for (part, *_), result in zip(planned, results)]
 
 
