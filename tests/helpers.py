@@ -4,6 +4,11 @@ what their check is about."""
 
 import contextlib
 import dataclasses
+import functools
+import shlex
+import subprocess
+import sys
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -70,3 +75,41 @@ def kernel_launches() -> Iterator[list[KernelLaunch]]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(gated_attention_backend, "gated_attention", spy)
         yield launches
+
+
+# ------------------------------------------------------------------------------------------- mounts, in private
+def _namespace_prefixes(pid: bool) -> list[list[str]]:
+    extra = ["--pid", "--fork", "--kill-child"] if pid else []
+    return [["unshare", "--mount", "--propagation", "private", *extra],  # as root
+            ["unshare", "--user", "--map-root-user", "--mount", "--propagation", "private", *extra]]  # unprivileged
+
+
+@functools.cache
+def private_namespace(pid: bool = False) -> tuple[str, ...] | None:
+    """The command prefix that runs a command in a mount namespace of its own (and a PID namespace of its own with
+    `pid`), where it may mount (bind mounts, a small tmpfs) without touching the machine's mounts, which all vanish
+    when it exits; None where this machine allows neither (not root, no unprivileged user namespaces)."""
+    with tempfile.TemporaryDirectory() as folder:
+        for prefix in _namespace_prefixes(pid):
+            try:
+                probe = subprocess.run([*prefix, "sh", "-c", f"mount -t tmpfs -o size=64k tmpfs {folder}"],
+                                       capture_output=True, timeout=60, check=False)
+            except (OSError, subprocess.TimeoutExpired):
+                continue
+            if probe.returncode == 0:
+                return tuple(prefix)
+    return None
+
+
+def run_in_namespace(setup: str, argv: list[str], pid: bool = False, **kwargs) -> subprocess.CompletedProcess:
+    """Runs the shell commands `setup` (mounts) and then `argv` (exec'd) in a private namespace (see
+    `private_namespace`; the caller skips the test when there is none)."""
+    prefix = private_namespace(pid)
+    script = f"set -e; {setup}; exec " + " ".join(shlex.quote(str(a)) for a in argv)
+    return subprocess.run([*prefix, "sh", "-c", script], capture_output=True, text=True, check=False,
+                          timeout=kwargs.pop("timeout", 600), **kwargs)
+
+
+def gated_qwen_command(*args) -> list[str]:
+    """The `gated-qwen` command line as this interpreter runs it."""
+    return [sys.executable, "-m", "gated_qwen.cli", *map(str, args)]

@@ -604,7 +604,8 @@ def test_disk_full_removes_the_partial_output_and_keeps_the_old_one(qwen3_source
     monkeypatch.setattr(io, "save_file", full_disk)
     src, dst = qwen3_sources[False][0], tmp_path / "dst"
     cli_refuses(capsys, ["convert", str(src), str(dst), "--from", "qwen3"],
-                f"No space left on the device while writing DST {str(dst)!r}; the partial output", dst)
+                f"No space left on the device that holds {str(tmp_path)!r} while writing DST {str(dst)!r}; the "
+                "partial output", dst)
     dst.mkdir()
     (dst / "old.txt").write_text("old")
     assert main(["convert", str(src), str(dst), "--from", "qwen3", "--overwrite"]) == 2

@@ -10,11 +10,12 @@ import socket
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import TINY
+from helpers import TINY, private_namespace, run_in_namespace
 from safetensors.torch import save_file
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -73,7 +74,7 @@ DATA_LOSS = {  # command line (run in elsewhere/) -> how the refusal names what 
                                     "--overwrite"], "DST '../outer/link-to-qwen3' is the input '../outer/qwen3'"),
     "convert: DST holds the files SRC links to": (["convert", "../outer/qwen3", "../outer/blobs", "--from", "qwen3",
                                                    "--overwrite"],
-                                                  "DST '../outer/blobs' contains the input '../outer/qwen3/config.json'"),
+                                                  "DST '../outer/blobs' contains '../outer/qwen3/config.json', which the input '../outer/qwen3' holds"),
     "convert: DST is .": (["convert", "../outer/qwen3", ".", "--from", "qwen3", "--overwrite"],
                           "DST '.' is or contains the current folder"),
     "convert: DST is ..": (["convert", "../outer/qwen3", "..", "--from", "qwen3", "--overwrite"],
@@ -89,7 +90,7 @@ DATA_LOSS = {  # command line (run in elsewhere/) -> how the refusal names what 
                                        "is the input '../outer/tokens.safetensors'"),
     "eval-ppl: --out MODEL/config.json": (["eval-ppl", "../outer/model", "--lengths", "8", "--out",
                                            "../outer/model/config.json", "--overwrite"],
-                                          "lies inside the input '../outer/model'"),
+                                          "is '../outer/model/config.json', which the input '../outer/model' holds"),
     "eval-ppl: --out the text": (["eval-ppl", "../outer/model", "--lengths", "8", "--text", "../outer/text.txt",
                                   "--out", "../outer/text.txt", "--overwrite"],
                                  "--out '../outer/text.txt' is the input '../outer/text.txt'"),
@@ -236,18 +237,314 @@ def test_staging_folders_of_killed_runs_are_removed_or_put_back(tmp_path, capsys
     refused(capsys, ["convert", "--clean", str(target), str(tmp_path / "qwen3")], "--clean PATH takes no other")
 
 
-def test_a_staging_folder_whose_process_runs_or_is_elsewhere_is_kept(tmp_path):
-    live = subprocess.Popen(["sleep", "60"])
+HOLDER = """
+import sys, time
+from gated_qwen.outputs import output_folder
+
+with output_folder(sys.argv[1]) as staging:
+    (staging / "part.bin").write_bytes(b"x")
+    print("ready", flush=True)
+    time.sleep(600)
+"""
+
+
+def holding_a_staging_folder(target: Path, prefix: tuple[str, ...] = ()) -> subprocess.Popen:
+    """A live run (a real process, in another PID namespace with `prefix`) that is writing `target`."""
+    run = subprocess.Popen([*prefix, sys.executable, "-c", HOLDER, str(target)], stdout=subprocess.PIPE, text=True)
+    assert run.stdout.readline() == "ready\n"
+    return run
+
+
+def test_a_live_run_is_told_by_its_lock_not_by_its_process_id(tmp_path):
+    """A run's process id may name nothing here (another PID namespace, e.g. a container sharing the volume): the
+    owner record's lock, which the live process holds, keeps its staging folder; once the run ends it is removed."""
+    live = holding_a_staging_folder(tmp_path / "out")
     try:
-        ours = tmp_path / f".out.writing-{live.pid}-abc"
-        other_host = tmp_path / ".out.writing-1-def"
-        for folder, owner in ((ours, {"pid": live.pid, "host": socket.gethostname()}),
-                              (other_host, {"pid": 1, "host": "another-machine"})):
-            folder.mkdir()
-            (folder / OWNER_FILE).write_text(json.dumps(owner))
-        assert clean_stale(tmp_path / "out") == [] and ours.exists() and other_host.exists()
+        (staging,) = tmp_path.glob(".out.writing-*")
+        record = json.loads((staging / OWNER_FILE).read_text())
+        assert record["by"] == "gated-qwen" and record["name"] == "out" and record["pid"] == live.pid
+        gone = subprocess.Popen(["true"])
+        gone.wait()  # a process id that names no process any more
+        (staging / OWNER_FILE).write_text(json.dumps({**record, "pid": gone.pid}))  # as seen from another namespace
+        assert clean_stale(tmp_path / "out") == [
+            f"left {staging} alone: its run (process {gone.pid} on {socket.gethostname()}) is still going"]
+        assert staging.exists()
     finally:
         live.kill()
         live.wait()
-    assert clean_stale(tmp_path / "out") == [f"removed the stale staging folder {ours} (its process has ended)"]
-    assert other_host.exists()
+    assert clean_stale(tmp_path / "out") == [
+        f"removed the stale staging folder {staging} (process {gone.pid} on {socket.gethostname()} has ended; it held "
+        "the partial out of a run that was stopped)"]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(private_namespace(pid=True) is None, reason="needs a PID namespace (root or user namespaces)")
+def test_a_live_run_in_another_pid_namespace_is_left_alone(tmp_path, capsys):
+    live = holding_a_staging_folder(tmp_path / "out", prefix=private_namespace(pid=True))
+    try:
+        (staging,) = tmp_path.glob(".out.writing-*")
+        assert json.loads((staging / OWNER_FILE).read_text())["pid"] == 1  # its own namespace's first process
+        assert main(["convert", "--clean", str(tmp_path / "out")]) == 0
+        assert "is still going" in capsys.readouterr().out and (staging / "out" / "part.bin").exists()
+    finally:
+        live.kill()  # unshare, whose child (--kill-child) is killed with it, a moment later
+        live.wait()
+    for _ in range(100):
+        assert main(["convert", "--clean", str(tmp_path)]) == 0
+        out = capsys.readouterr().out
+        if "is still going" not in out:
+            break
+        time.sleep(0.1)
+    assert f"removed the stale staging folder {staging}" in out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_only_folders_with_this_projects_owner_record_are_removed(tmp_path, capsys):
+    """A user's folder whose name merely looks like a staging folder is kept, whatever it holds, and said to be."""
+    lookalikes = {".out.writing-123-abcdefgh": None, ".out.replaced-1-xyz": {"pid": 1, "host": socket.gethostname()},
+                  ".out.writing-4-owner": "not json"}
+    for name, owner in lookalikes.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "notes.txt").write_text("mine")
+        if owner is not None:
+            (tmp_path / name / OWNER_FILE).write_text(owner if isinstance(owner, str) else json.dumps(owner))
+    before = tree(tmp_path)
+    assert main(["convert", "--clean", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    for name in lookalikes:
+        assert f"left {tmp_path / name} alone: it has no gated-qwen owner record" in out
+    with output_folder(tmp_path / "out") as staging:  # a run writing that output leaves them too
+        (staging / "new.txt").write_text("new")
+    assert tree(tmp_path) == {**before, "out": "folder", "out/new.txt": b"new"}
+
+
+# ------------------------------------------------------------------------------------------ file identity
+CLI_RUNS = """
+import contextlib, io, json, sys
+from gated_qwen.cli import main
+
+answers = []
+for argv in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = main(argv)
+        except SystemExit as done:
+            code = done.code
+    answers.append({"code": code, "err": err.getvalue()})
+print(json.dumps(answers))
+"""
+
+
+def cli_runs_in_namespace(setup: str, runs: list[list[str]]) -> list[dict]:
+    """Each command line of `runs` (gated-qwen arguments), in one process in a private mount namespace after
+    `setup`: its exit status and stderr."""
+    result = run_in_namespace(setup, [sys.executable, "-c", CLI_RUNS, json.dumps(runs)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def one_line(answer: dict, message: str) -> None:
+    assert answer["code"] == 2, answer
+    assert answer["err"].endswith("\n") and answer["err"].splitlines()[-1].startswith("gated-qwen: error: ")
+    assert message in answer["err"].splitlines()[-1] and "Traceback" not in answer["err"], answer["err"]
+
+
+@pytest.mark.skipif(private_namespace() is None, reason="needs a mount namespace (root or user namespaces)")
+def test_a_bind_mount_of_an_input_is_recognised(tmp_path):
+    """`mount --bind A B`: B/m is A/m under another path (as a case-insensitive file system gives A/M): converting
+    A/m into B/m with --overwrite must not delete it, nor may eval-ppl replace the model's config through ALIAS."""
+    (tmp_path / "A").mkdir()
+    Qwen3ForCausalLM(Qwen3Config(**TINY)).save_pretrained(tmp_path / "A" / "m")
+    GatedQwenForCausalLM(GatedQwenConfig(**TINY)).save_pretrained(tmp_path / "model")
+    for folder in ("B", "ALIAS"):
+        (tmp_path / folder).mkdir()
+    before = tree(tmp_path)
+    a, b, model, alias = (str(tmp_path / name) for name in ("A", "B", "model", "ALIAS"))
+    answers = cli_runs_in_namespace(f"mount --bind {a} {b}; mount --bind {model} {alias}", [
+        ["convert", f"{a}/m", f"{b}/m", "--from", "qwen3", "--overwrite"],
+        ["convert", f"{a}/m", b, "--from", "qwen3", "--overwrite"],
+        ["eval-ppl", model, "--lengths", "8", "--out", f"{alias}/config.json", "--overwrite"],
+    ])
+    one_line(answers[0], f"DST '{b}/m' is the input '{a}/m'")
+    one_line(answers[1], f"DST '{b}' contains the input '{a}/m'")
+    one_line(answers[2], f"--out '{alias}/config.json' is '{model}/config.json', which the input '{model}' holds")
+    assert tree(tmp_path) == before
+
+
+def test_a_hard_link_to_an_input_file_is_refused(tmp_path, capsys):
+    """A second name for the same file (a hard link; a case-insensitive file system's other spelling) is the same
+    file: compared by device and inode, not by path."""
+    GatedQwenForCausalLM(GatedQwenConfig(**TINY)).save_pretrained(tmp_path / "model")
+    (tmp_path / "alias").mkdir()
+    os.link(tmp_path / "model" / "config.json", tmp_path / "alias" / "config.json")
+    before = tree(tmp_path)
+    capsys.readouterr()
+    refused(capsys, ["eval-ppl", str(tmp_path / "model"), "--lengths", "8", "--out",
+                     str(tmp_path / "alias" / "config.json"), "--overwrite"],
+            f"is '{tmp_path}/model/config.json', which the input '{tmp_path}/model' holds")
+    assert tree(tmp_path) == before
+
+
+def sharded_qwen3(folder: Path) -> list[str]:
+    """A stock Qwen3 folder with its weights in several shards; returns the shard names."""
+    Qwen3ForCausalLM(Qwen3Config(**TINY)).save_pretrained(folder, max_shard_size="40KB")
+    return sorted(p.name for p in folder.glob("model-*.safetensors"))
+
+
+def move_shards(src: Path, shards: list[str], into: str) -> None:
+    """Rewrites SRC's index to name its shards in the sub-folder `into`."""
+    index = json.loads((src / "model.safetensors.index.json").read_text())
+    index["weight_map"] = {name: f"{into}/{file}" for name, file in index["weight_map"].items()}
+    (src / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+def test_links_at_any_depth_are_inputs(tmp_path, capsys):
+    """SRC's index names shards/model-*.safetensors, and shards/ holds links into the old DST: replacing DST would
+    leave SRC pointing at nothing. Every file a command reads, at any depth, is an input, links resolved."""
+    src, old = tmp_path / "src", tmp_path / "old"
+    shards = sharded_qwen3(src)
+    assert len(shards) > 1
+    old.mkdir()
+    (src / "shards").mkdir()
+    for name in shards:
+        os.rename(src / name, old / name)
+        (src / "shards" / name).symlink_to(old / name)
+    move_shards(src, shards, "shards")
+    GatedQwenForCausalLM(GatedQwenConfig(**TINY)).save_pretrained(tmp_path / "model")
+    (tmp_path / "model" / "notes" / "deeper").mkdir(parents=True)
+    (tmp_path / "analysis").mkdir()
+    (tmp_path / "analysis" / "report.md").write_text("old report")
+    (tmp_path / "model" / "notes" / "deeper" / "report.md").symlink_to(tmp_path / "analysis" / "report.md")
+    before = tree(tmp_path)
+    capsys.readouterr()
+    refused(capsys, ["convert", str(src), str(old), "--from", "qwen3", "--overwrite"],
+            f"DST {str(old)!r} contains '{src}/shards/{shards[0]}', which the input {str(src)!r} holds")
+    refused(capsys, ["analyze", str(tmp_path / "model"), "--out", str(tmp_path / "analysis"), "--overwrite"],
+            f"contains '{tmp_path}/model/notes/deeper/report.md', which the input '{tmp_path}/model' holds")
+    assert tree(tmp_path) == before
+
+
+def test_a_card_never_writes_through_a_link(tmp_path, capsys):
+    """README.md a link to the weights: the card replaces the link; the weights stay as they were."""
+    model = tmp_path / "model"
+    GatedQwenForCausalLM(GatedQwenConfig(**TINY)).save_pretrained(model)
+    weights = (model / "model.safetensors").read_bytes()
+    (model / "README.md").symlink_to("model.safetensors")
+    capsys.readouterr()
+    refused(capsys, ["card", str(model)], "already exists; pass --overwrite")
+    assert main(["card", str(model), "--overwrite"]) == 0
+    assert not (model / "README.md").is_symlink() and (model / "README.md").read_text().startswith("---\n")
+    assert (model / "model.safetensors").read_bytes() == weights
+
+
+def hub_cache_snapshot(cache: Path) -> Path:
+    """A Hugging Face cache holding one model as huggingface_hub lays it out: snapshots/REV/FILE links into blobs/."""
+    repo = cache / "models--me--tiny"
+    snapshot = repo / "snapshots" / "0123abcd"
+    GatedQwenForCausalLM(GatedQwenConfig(**TINY)).save_pretrained(snapshot)
+    (repo / "blobs").mkdir()
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123abcd")
+    for i, path in enumerate(sorted(snapshot.iterdir())):
+        blob = repo / "blobs" / f"blob{i:02d}"
+        os.rename(path, blob)
+        path.symlink_to(os.path.relpath(blob, snapshot))
+    return snapshot
+
+
+def test_nothing_is_written_into_a_hugging_face_cache(tmp_path, capsys):
+    snapshot = hub_cache_snapshot(tmp_path / "hub")
+    GatedQwenForCausalLM(GatedQwenConfig(**TINY)).save_pretrained(tmp_path / "model")
+    before = tree(tmp_path)
+    capsys.readouterr()
+    refused(capsys, ["card", str(snapshot), "--overwrite"], "lies inside the Hugging Face cache")
+    refused(capsys, ["eval-ppl", str(tmp_path / "model"), "--lengths", "8", "--out", str(snapshot / "rows.json")],
+            f"lies inside the Hugging Face cache ({tmp_path}/hub/models--me--tiny)")
+    assert tree(tmp_path) == before
+
+
+# ------------------------------------------------------------------------------------------ left behind
+def test_a_long_output_name_gets_a_staging_name_that_fits(tmp_path):
+    """A legal 250-byte name: the staging folder's name is shortened (the owner record keeps the real one), so the
+    run succeeds; a run that fails leaves none of the parent folders it made; a name over the limit is refused
+    before any folder is made."""
+    name = "n" * 250
+    target = tmp_path / "new" / "deeper" / name
+    with pytest.raises(RuntimeError), output_folder(target, create_parents=True) as staging:
+        (staging_folder,) = (tmp_path / "new" / "deeper").iterdir()
+        assert len(staging_folder.name) <= 255 and json.loads((staging_folder / OWNER_FILE).read_text())["name"] == name
+        raise RuntimeError
+    assert list(tmp_path.iterdir()) == []
+    with output_folder(target, create_parents=True) as staging:
+        (staging / "a.txt").write_text("a")
+    assert tree(tmp_path / "new" / "deeper") == {name: "folder", f"{name}/a.txt": b"a"}
+    with pytest.raises(OutputError, match="is 256 bytes, more than the file system allows"):
+        with output_folder(tmp_path / "other" / ("n" * 256), create_parents=True):
+            pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new"]
+
+
+FULL_DISK = """
+import errno, os, sys
+from gated_qwen.outputs import OutputError, output_folder
+
+disk = sys.argv[1]
+with open(os.path.join(disk, "filler"), "wb", buffering=0) as filler:  # fill the disk
+    try:
+        while True:
+            filler.write(b"\\0" * 4096)
+    except OSError as error:
+        assert error.errno == errno.ENOSPC
+os.mkdir(os.path.join(disk, "probe"))  # folders can still be made: what fails is writing the owner record
+os.rmdir(os.path.join(disk, "probe"))
+try:
+    with output_folder(os.path.join(disk, "out")):
+        raise AssertionError("the staging folder was made")
+except OutputError as error:
+    print(error)
+print(sorted(os.listdir(disk)))
+"""
+
+
+@pytest.mark.skipif(private_namespace() is None, reason="needs a mount namespace (root or user namespaces)")
+def test_a_full_disk_before_the_owner_record_leaves_nothing(tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    result = run_in_namespace(f"mount -t tmpfs -o size=64k tmpfs {disk}", [sys.executable, "-c", FULL_DISK, disk])
+    assert result.returncode == 0, result.stderr[-3000:]
+    message, listing = result.stdout.splitlines()[-2:]
+    assert message.startswith(f"No space left on the device that holds {str(disk)!r} while writing --out")
+    assert listing == "['filler']"
+
+
+@pytest.mark.skipif(private_namespace() is None, reason="needs a mount namespace (root or user namespaces)")
+def test_a_full_disk_while_writing_is_said_plainly_and_leaves_nothing(tmp_path):
+    """A real full disk (a 64 KiB tmpfs): safetensors' own error becomes one plain line naming the folder."""
+    Qwen3ForCausalLM(Qwen3Config(**TINY)).save_pretrained(tmp_path / "qwen3")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    (answer,) = cli_runs_in_namespace(f"mount -t tmpfs -o size=64k tmpfs {disk}", [
+        ["convert", str(tmp_path / "qwen3"), str(disk / "out"), "--from", "qwen3", "--no-verify"]])
+    one_line(answer, f"No space left on the device that holds {str(disk)!r} while writing DST '{disk}/out'; the "
+                     "partial output was removed")
+    assert list(disk.iterdir()) == []
+
+
+@pytest.mark.skipif(private_namespace() is None, reason="needs a mount namespace (root or user namespaces)")
+def test_a_mounted_destination_is_refused_before_staging(tmp_path):
+    """A DST that is a mount point cannot be renamed: refused in one line before anything is staged; nor is an
+    output replaced whose removal would reach into a mounted file system."""
+    Qwen3ForCausalLM(Qwen3Config(**TINY)).save_pretrained(tmp_path / "qwen3")
+    (tmp_path / "dst").mkdir()
+    (tmp_path / "old" / "inner").mkdir(parents=True)
+    before = tree(tmp_path)
+    answers = cli_runs_in_namespace(
+        f"mount -t tmpfs tmpfs {tmp_path}/dst; mount -t tmpfs tmpfs {tmp_path}/old/inner; "
+        f"touch {tmp_path}/old/inner/precious",
+        [["convert", str(tmp_path / "qwen3"), str(tmp_path / "dst"), "--from", "qwen3"],
+         ["convert", str(tmp_path / "qwen3"), str(tmp_path / "old"), "--from", "qwen3", "--overwrite"]])
+    one_line(answers[0], f"DST '{tmp_path}/dst' is a mount point, which cannot be replaced by renaming")
+    one_line(answers[1], f"DST '{tmp_path}/old' contains the mount point '{tmp_path}/old/inner'")
+    assert "qwen3 -> gated_qwen" not in answers[0]["err"] + answers[1]["err"]  # refused before any work
+    assert tree(tmp_path) == before

@@ -1,18 +1,29 @@
 """Every file and folder the package writes (`convert`, `analyze`, `eval-ppl`, `reproduce`, `card`) goes through here.
 
 The rules, written once:
-- **Never into an input.** An output that is, contains or lies inside one of the command's inputs (paths resolved,
-  symlinks followed, including the targets of symlinked files directly inside an input folder), or that is or
-  contains the current folder (`.`, `..`), is refused before anything is read or written (`check_output`).
-- **Whole or not at all.** The output is built in a staging folder beside it, `.NAME.writing-PID-XXXX/`, and renamed
-  into place only when complete; on any failure (disk full included) the staging folder is removed.
+- **Never into, over or around an input, by file identity.** Files and folders are compared by what they are
+  (device and inode), not by their paths, so a second path to the same folder (a bind mount, a case-insensitive file
+  system, a hard link, a symlink at any depth) is recognised. An input is every file and folder a command may read:
+  each input given, and, for a folder, everything under it, links followed. An output is refused before anything is
+  read or written (`check_output`) when it is one of those, lies inside one (one of its folders is an input folder),
+  or would replace something that holds one (the old output is walked as its removal would walk it, mount points
+  included); the current folder counts as an input. Also refused: an output inside a Hugging Face cache (a snapshot's
+  files are links into blobs that other snapshots share), an output that is or holds a mount point (renaming it or
+  removing it would fail half-way or reach into the mounted file system), a name longer than the file system allows.
+  A file output never writes through a link: a link in its place is replaced, its target left as it is.
+- **Whole or not at all.** The output is built in a staging folder beside it, `.NAME.writing-PID-XXXXXXXX/NAME`,
+  and renamed into place only when complete; on any failure (a full disk included, said as such) the staging folder
+  and the parent folders this run created are removed.
 - **Replaced only when asked, and only by a complete new one.** An existing output (other than an empty folder) is
-  refused without `overwrite`; with it, the old one is moved aside into `.NAME.replaced-PID-XXXX/` just before the
-  new one is renamed into place, and removed afterwards.
-- **Nothing left behind.** Each staging folder records its owner (`owner.json`: process id and host). Staging
-  folders of the same output whose owning process is gone (a killed run) are removed by the next run that writes
-  that output, or by `clean_stale(path)` (`gated-qwen convert --clean PATH`); a `.replaced-` folder whose output is
-  missing (a run killed between the two renames) is moved back into place instead.
+  refused without `overwrite`; with it, the old one is moved aside into `.NAME.replaced-PID-XXXXXXXX/NAME` just
+  before the new one is renamed into place, and removed afterwards.
+- **Nothing left behind, no live run disturbed.** Each staging folder holds this project's owner record,
+  `owner.json` (`"by": "gated-qwen"`, process, host, output name), which the run holds an exclusive `flock` on for
+  its whole life: the lock, not the process id, says whether the run is live (a process id means nothing in another
+  PID namespace, e.g. a container sharing the volume). A staging folder whose lock is free (its run was killed) is
+  removed by the next run that writes that output, or by `clean_stale(path)` (`gated-qwen convert --clean PATH`),
+  which say what they removed; a `.replaced-` folder whose output is missing (a run killed between the two renames)
+  is moved back into place first. A folder without this project's owner record is never removed, whatever its name.
 
 Standard library only: the command-line parser imports this module without the model stack.
 """
@@ -20,22 +31,25 @@ Standard library only: the command-line parser imports this module without the m
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import re
 import shutil
 import socket
+import stat
 import sys
 import tempfile
-import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 OWNER_FILE = "owner.json"
-STAGING_NAME = re.compile(r"^\.(?P<name>.+)\.(?P<kind>writing|replaced)-(?:(?P<pid>\d+)-)?[^.]*$")
-# A staging folder without an owner record (written by an older version) counts as stale once untouched this long.
-UNOWNED_STALE_SECONDS = 3600
+OWNER = "gated-qwen"  # the owner record's "by": what makes a folder one of this project's staging folders
+STAGING_NAME = re.compile(r"^\..+\.(?:writing|replaced)-\d+-[^.]*$")
+MKDTEMP_SUFFIX = 8  # the random characters tempfile.mkdtemp appends
+MAX_INPUT_ENTRIES = 200_000  # files and folders an input may reach (links followed) before it is refused
+CACHE_REPO = re.compile(r"^(?:models|datasets|spaces)--")  # a repository's folder in a Hugging Face cache
 
 
 class OutputError(ValueError):
@@ -48,26 +62,122 @@ def say(message: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------------------- the checks
-def _resolved_inputs(inputs: Iterable[str | os.PathLike | None]) -> list[tuple[str, Path]]:
-    """(as given, resolved) for every input, plus the targets of symlinked entries directly inside input folders
-    (a Hugging Face cache snapshot is a folder of links into `blobs/`)."""
-    out = []
-    for given in inputs:
-        if given is None:
-            continue
-        path = Path(given)
-        out.append((str(given), path.resolve()))
-        if path.is_dir():
-            for entry in sorted(path.iterdir()):
+def _identity(status: os.stat_result) -> tuple[int, int]:
+    return status.st_dev, status.st_ino
+
+
+class _Inputs:
+    """Every file and folder the inputs reach (each given path, and under a folder everything, links followed), by
+    identity: `top` (identity -> an input as given) and `reached` (identity -> the path it was reached by, and the
+    input it belongs to), and `chains` (identity of a folder that holds an input -> that input)."""
+
+    def __init__(self, inputs: Iterable[str | os.PathLike | None], cwd: Path):
+        self.top: dict[tuple[int, int], str] = {}
+        self.reached: dict[tuple[int, int], tuple[str, str]] = {}
+        self.chains: dict[tuple[int, int], str] = {
+            _identity(folder.stat()): "the current folder" for folder in [*reversed(cwd.parents), cwd]}
+        for given in inputs:
+            if given is not None:
+                self._add(str(given), Path(given))
+
+    def _add(self, given: str, path: Path) -> None:
+        try:
+            status = path.stat()
+        except OSError:  # a missing input: nothing to protect (the command refuses it itself)
+            return
+        self.top.setdefault(_identity(status), given)
+        if path.is_symlink():
+            self.top.setdefault(_identity(path.lstat()), given)
+        for folder in path.resolve().parents:
+            self.chains.setdefault(_identity(folder.stat()), f"the input {given!r}")
+        if not stat.S_ISDIR(status.st_mode):
+            return
+        stack, seen = [(given, path)], {_identity(status)}
+        while stack:
+            shown, folder = stack.pop()
+            try:
+                entries = sorted(os.scandir(folder), key=lambda e: e.name)
+            except OSError:
+                continue  # unreadable: the command cannot read it either
+            for entry in entries:
+                if len(self.reached) >= MAX_INPUT_ENTRIES:
+                    raise OutputError(f"The input {given!r} reaches more than {MAX_INPUT_ENTRIES} files and folders "
+                                      "(links followed); give a folder that holds only what the command reads.")
+                name = f"{shown}/{entry.name}"
                 if entry.is_symlink():
-                    out.append((str(entry), entry.resolve()))
-    return out
+                    self.reached.setdefault(_identity(entry.stat(follow_symlinks=False)), (name, given))
+                try:
+                    target = entry.stat()
+                except OSError:
+                    continue  # a dangling link
+                self.reached.setdefault(_identity(target), (name, given))
+                if stat.S_ISDIR(target.st_mode) and _identity(target) not in seen:
+                    seen.add(_identity(target))
+                    stack.append((name, Path(folder) / entry.name))
+
+    def describe(self, identity: tuple[int, int]) -> str | None:
+        """What `identity` is among the inputs, for a message; None when it is none of them."""
+        if identity in self.top:
+            return f"the input {self.top[identity]!r}"
+        if identity in self.reached:
+            name, given = self.reached[identity]
+            return f"{name!r}, which the input {given!r} holds"
+        return None
+
+
+def _mount_points() -> set[str]:
+    """Every mount point (Linux: /proc/self/mountinfo, which also lists bind mounts within one file system)."""
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return set()
+    unescape = lambda text: re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), text)
+    return {unescape(line.split()[4]) for line in lines if len(line.split()) > 4}
+
+
+def _is_mount_point(path: Path, mounts: set[str]) -> bool:
+    return str(path) in mounts or os.path.ismount(path)
+
+
+def _cache_repository(target: Path) -> Path | None:
+    """The repository folder of a Hugging Face cache (`models--ORG--NAME/`, holding `blobs/` and `snapshots/`) that
+    `target` is or lies inside, if any."""
+    for folder in [target, *target.parents]:
+        if CACHE_REPO.match(folder.name) and ((folder / "snapshots").is_dir() or (folder / "blobs").is_dir()):
+            return folder
+    return None
+
+
+def _name_max(folder: Path) -> int:
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
 
 
 def _nearest_existing(path: Path) -> Path:
     while not path.exists() and path != path.parent:
         path = path.parent
     return path
+
+
+def _what_it_would_replace(target: Path, inputs: _Inputs, mounts: set[str], shown: str) -> None:
+    """Refuses replacing `target` when its removal would reach an input or a mounted file system: the old output
+    is walked as `shutil.rmtree` walks it (links not followed, mount points entered)."""
+    device = target.lstat().st_dev
+    for folder, subfolders, files in os.walk(target):
+        for name in sorted(subfolders) + sorted(files):
+            path = Path(folder) / name
+            status = path.lstat()
+            what = inputs.describe(_identity(status)) or inputs.chains.get(_identity(status))  # or holds one
+            if what == "the current folder":
+                raise OutputError(f"{shown} contains the current folder ({path}); choose a new folder.")
+            if what is not None:
+                raise OutputError(f"{shown} contains {what} (as {str(path)!r}); replacing it could destroy the input. "
+                                  "Choose an output outside every input.")
+            if stat.S_ISDIR(status.st_mode) and (status.st_dev != device or _is_mount_point(path, mounts)):
+                raise OutputError(f"{shown} contains the mount point {str(path)!r}; replacing it would delete what is "
+                                  "mounted there. Unmount it, or choose another path.")
 
 
 def check_output(
@@ -80,146 +190,242 @@ def check_output(
     label: str = "--out",
 ) -> Path:
     """Refuses (with `OutputError`) an output that breaks the rules of this module's docstring, before anything is
-    touched; returns the path to write (resolved: a symlink is followed to the folder or file it names). `kind`:
-    `"folder"` or `"file"`. `create_parents`: a missing parent folder will be created (else it is refused)."""
+    touched; returns the path to write. `kind`: `"folder"` (a link is followed to the folder it names) or `"file"`
+    (its folder resolved, the name kept: a link there is replaced, not written through). `create_parents`: a missing
+    parent folder will be created (else it is refused)."""
     given = Path(path)
     shown = f"{label} {str(path)!r}"
+    if given.name in ("", ".", "..") and kind == "file":
+        raise OutputError(f"{shown} names a folder; give a file path.")
     if given.is_symlink() and not given.exists():
         raise OutputError(f"{shown} is a symlink to {os.readlink(given)!r}, which does not exist; remove the link or "
                           "choose another path.")
-    target = given.resolve()
+    target = given.resolve() if kind == "folder" else given.absolute().parent.resolve() / given.name
     if target.parent == target:
         raise OutputError(f"{shown} is the root of the file system; choose a new folder.")
+    if len(os.fsencode(target.name)) > _name_max(_nearest_existing(target.parent)):
+        raise OutputError(f"{shown}: the name {target.name[:40]!r}... is {len(os.fsencode(target.name))} bytes, more "
+                          f"than the file system allows ({_name_max(_nearest_existing(target.parent))}); choose a "
+                          "shorter name.")
+    repository = _cache_repository(target)
+    if repository is not None:
+        raise OutputError(f"{shown} lies inside the Hugging Face cache ({repository}), whose snapshots are links into "
+                          "blobs they share; copy the model to a folder of its own first (e.g. `hf download REPO_ID "
+                          "--local-dir DIR`) and write there.")
     cwd = Path.cwd().resolve()
-    if cwd == target or cwd.is_relative_to(target):
-        raise OutputError(f"{shown} is or contains the current folder ({cwd}); choose a new folder.")
-    for original, resolved in _resolved_inputs(inputs):
-        relation = ("is" if resolved == target else "lies inside" if target.is_relative_to(resolved)
-                    else "contains" if resolved.is_relative_to(target) else None)
-        if relation:
-            raise OutputError(f"{shown} {relation} the input {original!r}; writing it could destroy the input. "
-                              "Choose an output outside every input.")
-    if target.exists():
+    known = _Inputs(inputs, cwd)
+    exists = target.exists() or target.is_symlink()
+    if exists:
+        identity = _identity(target.lstat() if kind == "file" else target.stat())
+        what = known.describe(identity) or known.chains.get(identity)
+        if what == "the current folder":
+            raise OutputError(f"{shown} is or contains the current folder ({cwd}); choose a new folder.")
+        if what is not None:
+            relation = "contains" if identity not in known.top and identity not in known.reached else "is"
+            raise OutputError(f"{shown} {relation} {what}; writing it could destroy the input. Choose an output "
+                              "outside every input.")
+    for folder in target.parents:
+        if folder.exists():
+            what = known.describe(_identity(folder.stat()))
+            if what is not None:
+                raise OutputError(f"{shown} lies inside {what}; writing it could destroy the input. Choose an "
+                                  "output outside every input.")
+    mounts = _mount_points()
+    if exists:
         if kind == "folder" and not target.is_dir():
             raise OutputError(f"{shown} exists and is not a folder; choose a folder path.")
         if kind == "file" and target.is_dir():
             raise OutputError(f"{shown} exists and is a folder; choose a file path.")
-        empty_folder = target.is_dir() and not any(target.iterdir())
+        empty_folder = kind == "folder" and not any(target.iterdir())
         if not overwrite and not empty_folder:
             raise OutputError(f"{shown} already exists; pass --overwrite (Python: overwrite=True) to replace it "
                               "once the new one is complete, or choose another path.")
+        if _is_mount_point(target, mounts):
+            raise OutputError(f"{shown} is a mount point, which cannot be replaced by renaming; write into a new "
+                              "folder inside it, or choose another path.")
+        if kind == "folder":
+            _what_it_would_replace(target, known, mounts, shown)
     parent = target.parent
     if not parent.is_dir():
         if not create_parents or (parent.exists() and not parent.is_dir()):
             raise OutputError(f"The folder {str(parent)!r} that would hold {shown} does not exist; create it first.")
         parent = _nearest_existing(parent)
+        if not parent.is_dir():
+            raise OutputError(f"{str(parent)!r}, on the way to {shown}, is not a folder; choose another path.")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise OutputError(f"Cannot write in {str(parent)!r} (no write permission), where {shown} would be created.")
     return target
 
 
 # ---------------------------------------------------------------------------------------------- staging folders
-def _process_start(pid: int) -> str | None:
-    """The start time of process `pid` in clock ticks since boot (Linux), to tell a reused process id apart."""
+class _Staging:
+    """A staging folder beside an output: `folder` holds the owner record (locked while this process runs) and
+    `item`, named as the output: the output being built (`writing`) or the old output set aside (`replaced`)."""
+
+    def __init__(self, target: Path, kind: str):
+        prefix = f".{target.name}.{kind}-{os.getpid()}-"
+        room = _name_max(target.parent) - MKDTEMP_SUFFIX
+        name = target.name
+        while len(os.fsencode(prefix)) > room and name:  # a staging name that fits whenever the output's does
+            name = name[:-1]
+            prefix = f".{name}.{kind}-{os.getpid()}-"
+        self.folder = Path(tempfile.mkdtemp(prefix=prefix, dir=target.parent))
+        self.item = self.folder / target.name
+        self._lock = None
+        try:
+            self._lock = os.open(self.folder / OWNER_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            record = {"by": OWNER, "kind": kind, "name": target.name, "pid": os.getpid(),
+                      "host": socket.gethostname()}
+            with os.fdopen(os.dup(self._lock), "w") as owner:  # closing the copy keeps the lock
+                owner.write(json.dumps(record) + "\n")
+        except BaseException:
+            self.remove()
+            raise
+
+    def remove(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
+
+
+def _stale_record(folder: Path) -> tuple[dict | None, str]:
+    """(the owner record, "stale") for a staging folder of this project whose run has ended; (record, "live") while
+    its run holds the lock; (None, why) for a folder that is not one of this project's staging folders."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def _new_staging(target: Path, kind: str) -> Path:
-    folder = Path(tempfile.mkdtemp(prefix=f".{target.name}.{kind}-{os.getpid()}-", dir=target.parent))
-    owner = {"pid": os.getpid(), "host": socket.gethostname(), "started": _process_start(os.getpid()),
-             "output": str(target)}
-    (folder / OWNER_FILE).write_text(json.dumps(owner) + "\n")
-    return folder
-
-
-def _owner_gone(folder: Path) -> bool:
-    """Whether the process that made the staging folder `folder` has ended (False when it cannot be known: another
-    host, a process of another user)."""
+        fd = os.open(folder / OWNER_FILE, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return None, "it has no gated-qwen owner record"
     try:
-        owner = json.loads((folder / OWNER_FILE).read_text())
-        pid, host, started = int(owner["pid"]), owner.get("host"), owner.get("started")
-    except (OSError, ValueError, KeyError, TypeError):
-        match = STAGING_NAME.match(folder.name)
-        if match and match["pid"]:
-            pid, host, started = int(match["pid"]), socket.gethostname(), None
-        else:
-            return time.time() - folder.stat().st_mtime > UNOWNED_STALE_SECONDS
-    if host != socket.gethostname():
-        return False
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return started is not None and _process_start(pid) not in (None, started)  # the id now names another process
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None, "its owner record is not a file"
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            live = False
+        except BlockingIOError:
+            live = True
+        with os.fdopen(os.dup(fd)) as owner:
+            try:
+                record = json.loads(owner.read(65536))
+            except (ValueError, UnicodeDecodeError):
+                record = None
+    finally:
+        os.close(fd)
+    if not (isinstance(record, dict) and record.get("by") == OWNER and record.get("kind") in ("writing", "replaced")
+            and isinstance(record.get("name"), str) and record["name"] not in ("", ".", "..")
+            and "/" not in record["name"] and "\0" not in record["name"]):
+        return None, "it has no gated-qwen owner record"
+    if live:
+        return record, "live"
+    if record.get("host") != socket.gethostname():
+        return record, "elsewhere"  # a file system shared with another machine may not share its locks
+    return record, "stale"
 
 
 def clean_stale(path: str | os.PathLike, inside: bool = False) -> list[str]:
     """Removes the stale staging folders of the output `path` (beside it) and, with `inside` when `path` is a folder,
     those of the outputs inside it; a stale `.replaced-` folder whose output is missing is moved back into place.
-    Returns one line per action."""
-    path = Path(path).resolve()
+    Returns one line per action (and per staging folder left alone)."""
+    path = Path(path).absolute()
+    path = path.parent.resolve() / path.name
     places = [(path.parent, path.name)]
-    if inside and path.is_dir():
+    if inside and path.is_dir() and not path.is_symlink():
         places.append((path, None))
     actions = []
     for folder, name in places:
         if not folder.is_dir():
             continue
         for entry in sorted(folder.iterdir()):
-            match = STAGING_NAME.match(entry.name)
-            if not match or (name is not None and match["name"] != name) or not entry.is_dir():
+            if not STAGING_NAME.match(entry.name) or entry.is_symlink() or not entry.is_dir():
                 continue
-            if entry.is_symlink() or not _owner_gone(entry):
+            record, state = _stale_record(entry)
+            if record is None:
+                if name is None or entry.name.startswith(f".{name}."):
+                    actions.append(f"left {entry} alone: {state}, so it is not a staging folder of this project")
                 continue
-            output = folder / match["name"]
-            old = entry / match["name"]
-            if match["kind"] == "replaced" and old.exists() and not output.exists() and not output.is_symlink():
-                os.rename(old, output)
+            if name is not None and record["name"] != name:
+                continue
+            run = f"process {record.get('pid')} on {record.get('host')}"
+            if state != "stale":
+                actions.append(f"left {entry} alone: its run ({run}) " + (
+                    "is still going" if state == "live" else "is on another machine"))
+                continue
+            output, item = folder / record["name"], entry / record["name"]
+            held = "nothing"
+            if item.exists() or item.is_symlink():
+                held = (f"the partial {record['name']} of a run that was stopped" if record["kind"] == "writing"
+                        else f"the previous {record['name']}, already replaced")
+            if record["kind"] == "replaced" and item.exists() and not output.exists() and not output.is_symlink():
+                os.rename(item, output)
                 actions.append(f"restored {output} from {entry} (a run was stopped while replacing it)")
+                held = "nothing more"
             shutil.rmtree(entry, ignore_errors=True)
-            actions.append(f"removed the stale staging folder {entry} (its process has ended)")
+            actions.append(f"removed the stale staging folder {entry} ({run} has ended; it held {held})")
     return actions
 
 
-def _make_parents(folder: Path) -> list[Path]:
-    """Creates `folder` and its missing parents; returns the ones created, deepest first."""
-    created = []
+def _make_parents(folder: Path, created: list[Path]) -> None:
+    """Creates `folder` and its missing parents, appending each one created to `created`, deepest first."""
+    missing = []
     while not folder.exists():
-        created.append(folder)
+        missing.append(folder)
         folder = folder.parent
-    for new in reversed(created):
+    for new in reversed(missing):
         new.mkdir()
-    return created
+        created.insert(0, new)
 
 
-def _publish(staging: Path, target: Path, kind: str, overwrite: bool, label: str) -> None:
+def _publish(staging: _Staging, target: Path, kind: str, overwrite: bool, label: str) -> None:
     """Moves the complete output out of `staging` to `target` (the old `target` aside first and removed after)."""
-    if not overwrite and target.exists() and not (target.is_dir() and not any(target.iterdir())):
+    present = target.exists() or target.is_symlink()
+    if not overwrite and present and not (kind == "folder" and target.is_dir() and not any(target.iterdir())):
         raise OutputError(f"{label} {str(target)!r} appeared while this run was writing it (another run?); pass "
                           "--overwrite to replace it.")
-    (staging / OWNER_FILE).unlink()
     umask = os.umask(0)
     os.umask(umask)
-    for path in [staging, *staging.rglob("*")]:  # mkdtemp and safetensors create private entries
+    for path in [staging.item, *staging.item.rglob("*")]:  # mkdtemp and safetensors create private entries
         if not path.is_symlink():
             os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~umask)
-    if kind == "file":
-        os.replace(staging / target.name, target)  # atomic, also over an existing file
-        shutil.rmtree(staging)
-    elif target.exists():
-        aside = _new_staging(target, "replaced")
-        os.rename(target, aside / target.name)
-        os.rename(staging, target)
-        shutil.rmtree(aside)
+    if kind == "file" or not present:
+        os.replace(staging.item, target)  # atomic, also over an existing file (or a link: never written through)
     else:
-        os.rename(staging, target)
+        aside = _Staging(target, "replaced")
+        try:
+            os.rename(target, aside.item)
+        except BaseException:
+            aside.remove()
+            raise
+        try:
+            os.rename(staging.item, target)
+        except BaseException:
+            os.rename(aside.item, target)  # the old one back (if this fails too, `clean_stale` puts it back)
+            aside.remove()
+            raise
+        aside.remove()
+
+
+DISK_FULL = ("No space left on device", "StorageFull", "Disk quota exceeded", "QuotaExceeded", "os error 28",
+             "os error 122")
+
+
+def _disk_full(error: BaseException, folder: Path) -> bool:
+    """Whether `error` (or what caused it) is a full disk or quota: an OSError's errno, or the message of a writer
+    that wraps it (safetensors, PyTorch: "file write failed" on a device with no space left)."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        text = str(error)
+        if any(phrase in text for phrase in DISK_FULL):
+            return True
+        if "write failed" in text:
+            try:
+                status = os.statvfs(folder)
+                return status.f_bavail * status.f_frsize < 2**20
+            except OSError:
+                return False
+        error = error.__cause__ or error.__context__
+    return False
 
 
 @contextmanager
@@ -228,22 +434,31 @@ def _staged(path, kind: str, inputs, overwrite: bool, create_parents: bool, labe
                           label=label)
     for line in clean_stale(target):
         say(line)
-    created = _make_parents(target.parent) if create_parents else []
-    staging = _new_staging(target, "writing")
+    created: list[Path] = []
+    staging = None
     try:
-        yield staging
+        if create_parents:
+            _make_parents(target.parent, created)
+        staging = _Staging(target, "writing")
+        if kind == "folder":
+            staging.item.mkdir()
+        yield staging.item
         _publish(staging, target, kind, overwrite, label)
     except BaseException as error:
-        shutil.rmtree(staging, ignore_errors=True)
+        full = _disk_full(error, target.parent if target.parent.exists() else _nearest_existing(target.parent))
+        if staging is not None:
+            staging.remove()
         for folder in created:
             try:
                 folder.rmdir()
             except OSError:
                 break
-        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise OutputError(f"No space left on the device while writing {label} {str(path)!r}; the partial output "
-                              f"({staging}) was removed and nothing was written.") from None
+        if full:
+            raise OutputError(f"No space left on the device that holds {str(_nearest_existing(target.parent))!r} "
+                              f"while writing {label} {str(path)!r}; the partial output was removed and nothing was "
+                              "written. Free some space there, or choose a folder on another device.") from None
         raise
+    staging.remove()
 
 
 def output_folder(path: str | os.PathLike, *, inputs: Iterable = (), overwrite: bool = False,
@@ -253,12 +468,10 @@ def output_folder(path: str | os.PathLike, *, inputs: Iterable = (), overwrite: 
     return _staged(path, "folder", list(inputs), overwrite, create_parents, label)
 
 
-@contextmanager
 def output_file(path: str | os.PathLike, *, inputs: Iterable = (), overwrite: bool = False,
-                create_parents: bool = False, label: str = "--out") -> Iterator[Path]:
+                create_parents: bool = False, label: str = "--out"):
     """Context manager: yields a temporary path to write the file to; on success it atomically becomes `path`."""
-    with _staged(path, "file", list(inputs), overwrite, create_parents, label) as staging:
-        yield staging / Path(path).resolve().name
+    return _staged(path, "file", list(inputs), overwrite, create_parents, label)
 
 
 def read_json_object(path: Path, what: str, error: type[Exception] = ValueError) -> dict:
