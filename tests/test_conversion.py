@@ -30,6 +30,7 @@ from transformers import (
     Qwen3NextForCausalLM,
 )
 
+import gated_qwen
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
 from gated_qwen.cli import main
 from gated_qwen.conversion import ConversionError, VerificationError, convert, plans
@@ -769,3 +770,83 @@ def test_written_files_and_config_are_checked(qwen3_sources, tmp_path, capsys, m
     monkeypatch.setattr(conversion, "_write_config", config_without_vocab_size)
     cli_refuses(capsys, ["convert", str(src), str(dst), "--from", "qwen3", "--no-verify"],
                 f"model.embed_tokens.weight is [{VOCAB}, 32] where the config implies [151936, 32]", dst)
+
+
+# ------------------------------------------------------------------------- what convert reads and carries from SRC
+def copy_source(qwen3_sources, tmp_path) -> Path:
+    src = tmp_path / "src"
+    shutil.copytree(qwen3_sources[False][0], src)
+    return src
+
+
+def test_only_regular_files_inside_src_are_read_or_carried(qwen3_sources, tmp_path, capsys):
+    """A tokenizer.json that links outside SRC, a pipe named like a tokenizer file, a folder of shards that links
+    outside SRC: each refused by name before anything is written. A link that stays inside SRC is carried as a
+    regular file with its content."""
+    src = copy_source(qwen3_sources, tmp_path)
+    (tmp_path / "secret.txt").write_text("someone else's file")
+    (src / "tokenizer.json").symlink_to(tmp_path / "secret.txt")
+    cli_refuses(capsys, ["convert", str(src), str(tmp_path / "dst"), "--from", "qwen3", "--no-verify"],
+                f"SRC's file to carry 'tokenizer.json' is '{tmp_path}/secret.txt', outside SRC (through the link "
+                "'tokenizer.json')", tmp_path / "dst")
+    (src / "tokenizer.json").unlink()
+    os.mkfifo(src / "tokenizer_extra.json")
+    cli_refuses(capsys, ["convert", str(src), str(tmp_path / "dst"), "--from", "qwen3", "--no-verify"],
+                "SRC's file to carry 'tokenizer_extra.json' in SRC is not a regular file (a pipe, socket or device)",
+                tmp_path / "dst")
+    (src / "tokenizer_extra.json").unlink()
+
+    (src / "originals").mkdir()
+    (src / "originals" / "tokenizer.json").write_text('{"model": "tiny"}')
+    (src / "tokenizer.json").symlink_to(Path("originals") / "tokenizer.json")
+    assert main(["convert", str(src), str(tmp_path / "dst"), "--from", "qwen3", "--no-verify"]) == 0
+    assert not (tmp_path / "dst" / "tokenizer.json").is_symlink()
+    assert (tmp_path / "dst" / "tokenizer.json").read_text() == '{"model": "tiny"}'
+
+    shards = sorted(p.name for p in src.glob("model-*.safetensors"))
+    (tmp_path / "elsewhere").mkdir()
+    for name in shards:
+        os.rename(src / name, tmp_path / "elsewhere" / name)
+    (src / "shards").symlink_to(tmp_path / "elsewhere")
+    index = json.loads((src / "model.safetensors.index.json").read_text())
+    index["weight_map"] = {name: f"shards/{file}" for name, file in index["weight_map"].items()}
+    (src / "model.safetensors.index.json").write_text(json.dumps(index))
+    cli_refuses(capsys, ["convert", str(src), str(tmp_path / "dst2"), "--from", "qwen3", "--no-verify"],
+                f"the weight file (named by model.safetensors.index.json) 'shards/{shards[0]}' is "
+                f"'{tmp_path}/elsewhere/{shards[0]}', outside SRC (through the link 'shards')", tmp_path / "dst2")
+
+
+def test_a_hugging_face_cache_snapshot_is_read_through_its_links(qwen3_sources, tmp_path, capsys):
+    """A snapshot's files are links into its repository's blobs/: those are SRC's own files."""
+    repo = tmp_path / "hub" / "models--me--tiny"
+    snapshot = repo / "snapshots" / "0123abcd"
+    shutil.copytree(qwen3_sources[False][0], snapshot)
+    (snapshot / "tokenizer.json").write_text('{"model": "tiny"}')
+    (repo / "blobs").mkdir()
+    for i, path in enumerate(sorted(snapshot.iterdir())):
+        os.rename(path, repo / "blobs" / f"blob{i}")
+        path.symlink_to(Path("..", "..", "blobs", f"blob{i}"))
+    assert main(["convert", str(snapshot), str(tmp_path / "dst"), "--from", "qwen3"]) == 0
+    assert (tmp_path / "dst" / "tokenizer.json").read_text() == '{"model": "tiny"}'
+
+
+def test_srcs_own_code_is_carried_only_when_asked(qwen3_sources, tmp_path, capsys):
+    src = copy_source(qwen3_sources, tmp_path)
+    (src / "tokenizer_custom.py").write_text("import os  # someone else's code\n")
+    (src / "tokenizer_config.json").write_text('{"auto_map": {"AutoTokenizer": ["tokenizer_custom.Tok", null]}}')
+    assert main(["convert", str(src), str(tmp_path / "plain"), "--from", "qwen3", "--no-verify"]) == 0
+    assert "not carried: SRC's code files ['tokenizer_custom.py'] (someone else's code; pass --carry-code" in (
+        capsys.readouterr().err)
+    assert (tmp_path / "plain" / "tokenizer_config.json").exists() and not list((tmp_path / "plain").glob("tok*.py"))
+    assert main(["convert", str(src), str(tmp_path / "code"), "--from", "qwen3", "--no-verify", "--carry-code"]) == 0
+    assert "carried SRC's code files ['tokenizer_custom.py'] (--carry-code)" in capsys.readouterr().err
+    assert (tmp_path / "code" / "tokenizer_custom.py").read_text() == "import os  # someone else's code\n"
+    # A gated_qwen SRC's modeling files are this package's own: exported without a word about them.
+    assert main(["convert", str(tmp_path / "code"), str(tmp_path / "back"), "--to", "qwen3_5", "--no-verify"]) == 0
+    err = capsys.readouterr().err
+    assert "not carried: SRC's code files ['tokenizer_custom.py']" in err and "modeling_gated" not in err
+    # A file named like one of them in a stock SRC is never carried over the one the conversion writes.
+    (src / "modeling_gated.py").write_text("raise SystemExit('not the package')\n")
+    assert main(["convert", str(src), str(tmp_path / "named"), "--from", "qwen3", "--no-verify", "--carry-code"]) == 0
+    package = Path(gated_qwen.__file__).parent / "modeling_gated.py"
+    assert (tmp_path / "named" / "modeling_gated.py").read_text() == package.read_text()

@@ -121,6 +121,7 @@ def convert(
     verify: bool | None = None,
     max_shard_size: int | str | None = None,
     allow_o_proj_bias: bool = False,
+    carry_code: bool = False,
 ) -> Path:
     """Converts the checkpoint folder `src` into the new folder `dst` and returns `dst`.
 
@@ -128,10 +129,12 @@ def convert(
     checkpoint; one of `TO_FORMATS`). `add_gate`: only with `from_format="qwen3"` (or `"qwen3_moe"`), `"elementwise"`,
     `"headwise"` or a dict / JSON object of gate fields. `max_shard_size` (bytes or e.g. `"2GB"`) defaults to half
     the size of the largest weight file of `src`: peak memory is about one output shard plus the imports (~0.45 GB),
-    which keeps it within 1.5x the largest input shard for shards of 0.5 GB or more. `allow_o_proj_bias`: with
-    `to_format="qwen3_5"` or `"qwen3_next"`, export a model with Qwen3's `attention_bias` (an o_proj bias, which
-    stock Transformers computes and vLLM's models drop) instead of refusing it. Raises `ConversionError` (a
-    `ValueError`) with the reason, and `VerificationError` if verification fails; nothing is written then.
+    which keeps it within 1.5x the largest input shard for shards of 0.5 GB or more. SRC's tokenizer, generation and
+    licence files are carried into `dst`, and its own `*.py` code only with `carry_code` (said when done).
+    `allow_o_proj_bias`: with `to_format="qwen3_5"` or `"qwen3_next"`, export a model with Qwen3's
+    `attention_bias` (an o_proj bias, which stock Transformers computes and vLLM's models drop) instead of
+    refusing it. Raises `ConversionError` (a `ValueError`) with the reason, and `VerificationError` if
+    verification fails; nothing is written then.
     """
     if (from_format is None) == (to_format is None):
         raise ConversionError("give exactly one of --from FORMAT (import into gated_qwen) or --to FORMAT (export).")
@@ -147,7 +150,7 @@ def convert(
         raise ConversionError(f"--allow-o-proj-bias applies to {' and '.join(f'--to {f}' for f in O_PROJ_BIAS_FORMATS)} "
                               "only.")
     export_options = {"allow_o_proj_bias": True} if allow_o_proj_bias else {}
-    from .io import Checkpoint, carry_files, parse_size, write_weights
+    from .io import Checkpoint, carry_files, files_to_carry, parse_size, write_weights
     from .structure import check_plan, check_source, check_written
 
     shard_size = parse_size(max_shard_size) if max_shard_size is not None else None
@@ -155,6 +158,7 @@ def convert(
     flag = f"{'--to' if export else '--from'} {name}"
     with _refusals_as_conversion_errors(flag), output_folder(dst, inputs=[src], overwrite=overwrite, label="DST") as tmp:
         ckpt = Checkpoint(src, allow_pickle=allow_pickle)
+        carried, code_left = files_to_carry(src, carry_code)  # refused now, not after the slow part
         out_config, plan = _plan(name, export, ckpt, add_gate, export_options)
         src_kind = "release" if name == "release" and not export else ckpt.config["model_type"]
         result_kind = FORMATS[name].writes if export else out_config.model_type  # gated_qwen or gated_qwen_moe
@@ -170,7 +174,7 @@ def convert(
         write_weights(plan, tmp, shard_size or max(1, ckpt.largest_file_bytes // 2),
                       desc=f"{src_kind} -> {result_kind}")
         check_written(tmp, plan)
-        carry_files(src, tmp)
+        copied = carry_files(carried, tmp)
         if verify:
             vocab = out_config["vocab_size"] if isinstance(out_config, dict) else out_config.vocab_size
             from .verify import verify as run_verification
@@ -182,6 +186,12 @@ def convert(
         from .qwen3 import A7_NOTE
 
         say(A7_NOTE)
+    code = [name for name in copied if name.endswith(".py")]
+    if code:
+        say(f"carried SRC's code files {code} (--carry-code): Transformers runs them when DST is loaded with "
+            "trust_remote_code=True.")
+    elif code_left:
+        say(f"not carried: SRC's code files {code_left} (someone else's code; pass --carry-code to carry them).")
     say(f"wrote {dst} ({result_kind}, {len(plan)} tensors)")
     return dst
 

@@ -28,7 +28,8 @@ def run(args: argparse.Namespace) -> int:
                               "PATH.")
     convert(args.src, args.dst, from_format=args.from_format, to_format=args.to_format, add_gate=args.add_gate,
             overwrite=args.overwrite, allow_pickle=args.allow_pickle, verify=args.verify,
-            max_shard_size=args.max_shard_size, allow_o_proj_bias=args.allow_o_proj_bias)
+            max_shard_size=args.max_shard_size, allow_o_proj_bias=args.allow_o_proj_bias,
+            carry_code=args.carry_code)
     return 0
 
 
@@ -62,6 +63,9 @@ def register(subparsers) -> None:
                         help="replace an existing DST (once the new one is complete)")
     parser.add_argument("--allow-pickle", action="store_true",
                         help="read pickled pytorch_model*.bin weights (with torch.load(weights_only=True))")
+    parser.add_argument("--carry-code", action="store_true",
+                        help="also carry SRC's own *.py files (custom tokenizer or model code, which Transformers "
+                             "runs with trust_remote_code=True); by default code is not carried")
     parser.add_argument("--verify", action=argparse.BooleanOptionalAction, default=None,
                         help=f"compare source and result logits (tolerance {VERIFY_RTOL:g} relative to the largest "
                              f"logit); default: on up to {VERIFY_MAX_PARAMETERS // 10**6}M parameters")

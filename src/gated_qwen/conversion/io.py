@@ -7,6 +7,10 @@ from a plan (`name -> TensorPlan`) and saves each shard with `safetensors.torch.
 (`gated_qwen.outputs`). Peak memory is about one output shard (plus the imports); by default an output shard is at
 most half the largest input file. Every way a folder can be unreadable (config.json, the index, a shard, a pickle)
 is a `ConversionError` that names the file.
+
+SRC's files are the regular files inside SRC: a link is followed only when it stays inside SRC (or, in a Hugging
+Face cache snapshot, inside the repository's `blobs/`, where a snapshot's links point); a weight file, an index entry
+or a carried file that reaches elsewhere, or that is not a regular file, is refused by name (`source_file`).
 """
 
 from __future__ import annotations
@@ -36,11 +40,44 @@ SAFETENSORS_DTYPES = {
     "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
 }
 
-# Files carried over unchanged from the source folder: tokenizer, generation defaults, licence.
+# Files carried over unchanged from the source folder: tokenizer, generation defaults, licence (never code: a `*.py`
+# file is carried only when asked, `carry_code`).
 CARRIED_FILE_PATTERNS = (
     "tokenizer*", "vocab*", "merges.txt", "special_tokens_map.json", "added_tokens.json", "chat_template*",
     "generation_config.json", "LICENSE*", "NOTICE*",
 )
+# This package's own code files, which a gated_qwen folder ships (`save_pretrained` writes them): not someone else's.
+PACKAGE_CODE = frozenset(path.name for path in Path(__file__).resolve().parent.parent.glob("*.py"))
+
+
+def _source_roots(src: Path) -> list[Path]:
+    """The folders SRC's files may lie in, resolved: SRC, and for a Hugging Face cache snapshot
+    (`models--ORG--NAME/snapshots/REVISION`) the repository's `blobs/`, which the snapshot's files link to."""
+    root = src.resolve()
+    roots = [root]
+    if root.parent.name == "snapshots" and (root.parent.parent / "blobs").is_dir():
+        roots.append((root.parent.parent / "blobs").resolve())
+    return roots
+
+
+def source_file(src: Path, name: str, what: str) -> Path:
+    """`src / name` when it is one of SRC's files (a regular file inside SRC, links inside SRC followed); otherwise a
+    `ConversionError` that names it (`what`: how the command came to read it) and says why."""
+    path = src / name
+    resolved = path.resolve()
+    if not any(resolved.is_relative_to(root) for root in _source_roots(src)):
+        links = [str(Path(*Path(name).parts[: i + 1])) for i in range(len(Path(name).parts))
+                 if (src / Path(*Path(name).parts[: i + 1])).is_symlink()]
+        raise ConversionError(
+            f"{what} {name!r} is {str(resolved)!r}, outside SRC" + (f" (through the link {links[0]!r})" if links else "")
+            + "; convert reads only files inside SRC. Copy the file into SRC instead of linking to it.")
+    if not resolved.exists():
+        raise ConversionError(f"{what} {name!r} in SRC does not exist" + (" (a dangling link)" if path.is_symlink()
+                                                                          else "") + ".")
+    if not resolved.is_file():
+        kind = "a folder" if resolved.is_dir() else "not a regular file (a pipe, socket or device)"
+        raise ConversionError(f"{what} {name!r} in SRC is {kind}; convert reads and carries only regular files.")
+    return resolved
 
 
 @dataclass(frozen=True)
@@ -74,8 +111,9 @@ class Checkpoint:
         if not self.folder.is_dir():
             raise ConversionError(f"SRC {str(self.folder)!r} is not a folder; give the folder that holds config.json.")
         config_path = self.folder / "config.json"
-        if not config_path.is_file():
+        if not config_path.exists() and not config_path.is_symlink():
             raise ConversionError(f"SRC {str(self.folder)!r} has no config.json; a model folder needs one.")
+        config_path = source_file(self.folder, "config.json", "SRC's")
         self.config: dict = read_json_object(config_path, "SRC's config.json", ConversionError)
         self.pickled = False
         self._cached: tuple[str, dict] | None = None  # the last legacy (non-zip) pickle read whole
@@ -100,16 +138,19 @@ class Checkpoint:
             ("model.safetensors.index.json", "model.safetensors", False),
             ("pytorch_model.bin.index.json", "pytorch_model.bin", True),
         ):
-            if (folder / index_name).is_file():
+            if (folder / index_name).exists() or (folder / index_name).is_symlink():
+                source_file(folder, index_name, "SRC's")
                 weight_map = _weight_map(folder / index_name)
                 files = sorted(set(weight_map.values()))
-            elif (folder / single_name).is_file():
+            elif (folder / single_name).exists() or (folder / single_name).is_symlink():
                 files, weight_map = [single_name], None
             else:
                 continue
-            missing = [f for f in files if not (folder / f).is_file()]
+            missing = [f for f in files if not (folder / f).exists() and not (folder / f).is_symlink()]
             if missing:
                 raise ConversionError(f"{index_name} in {str(folder)!r} names shard(s) that are missing: {missing}.")
+            for file in files:
+                source_file(folder, file, f"the weight file (named by {index_name})" if weight_map else "SRC's")
             if pickled and not allow_pickle:
                 raise ConversionError(
                     f"SRC {str(folder)!r} holds pickled PyTorch weights ({', '.join(files)}); unpickling a file can "
@@ -154,8 +195,7 @@ class Checkpoint:
         try:
             state = torch.load(path, map_location="cpu", weights_only=True, mmap=not legacy)
         except Exception as error:  # UnpicklingError, EOFError, RuntimeError, KeyError... for a damaged file
-            found = re.search(r"WeightsUnpickler error: (.*?)(?: was not an allowed global|$)", str(error), re.M)
-            reason = found.group(1) if found else _one_line(error)
+            reason = unpickling_reason(error)
             raise ConversionError(
                 f"{file} in SRC cannot be read with torch.load(weights_only=True) ({reason}). Only plain tensors are "
                 "read from pickled files; save the weights as safetensors instead."
@@ -243,20 +283,45 @@ def _compute(name: str, plan: TensorPlan) -> torch.Tensor:
     return tensor.contiguous()
 
 
-def carry_files(src: Path, folder: Path) -> list[str]:
-    """Copies tokenizer files, generation_config.json and licence files from `src` to `folder`."""
+def files_to_carry(src: Path, carry_code: bool = False) -> tuple[dict[str, Path], list[str]]:
+    """(name -> file) of what `carry_files` copies from SRC: its tokenizer files, generation_config.json and licence
+    files and, with `carry_code`, its own `*.py` code; and the names of the code files left behind without it (this
+    package's modeling files, which a gated_qwen folder ships, are not counted). Refuses (by name) a match that is not
+    one of SRC's files (`source_file`)."""
+    names = {path.name for pattern in CARRIED_FILE_PATTERNS for path in src.glob(pattern)}
+    code = {path.name for path in src.glob("*.py")} - PACKAGE_CODE
+    names = (names - {n for n in names if n.endswith(".py")}) | (code if carry_code else set())
+    carried = {name: source_file(src, name, "SRC's file to carry") for name in sorted(names)}
+    return carried, sorted(code - names)
+
+
+def carry_files(carried: dict[str, Path], folder: Path) -> list[str]:
+    """Copies the files of `files_to_carry` into `folder`, except those the conversion wrote itself."""
     copied = []
-    for pattern in CARRIED_FILE_PATTERNS:
-        for path in sorted(src.glob(pattern)):
-            if path.is_file() and not (folder / path.name).exists():
-                shutil.copyfile(path, folder / path.name)
-                copied.append(path.name)
+    for name, path in carried.items():
+        if not (folder / name).exists():
+            shutil.copyfile(path, folder / name)
+            copied.append(name)
     return copied
 
 
 
 def _one_line(error: BaseException) -> str:
     return " ".join(str(error).split())
+
+
+def unpickling_reason(error: BaseException) -> str:
+    """Why `torch.load(weights_only=True)` refused a file, in a few words, without PyTorch's advice to load it with
+    `weights_only=False` (which would run whatever code the file holds)."""
+    text = str(error)
+    for pattern in (r"WeightsUnpickler error: (.*?)(?: was not an allowed global|$)",
+                    r"(Trying to load unsupported GLOBAL \S+)", r"(Unsupported global: GLOBAL \S+)"):
+        found = re.search(pattern, text, re.M)
+        if found:
+            return " ".join(found.group(1).split()).rstrip(".")
+    sentences = re.split(r"(?<=[.!?])\s+", " ".join(text.split()))
+    kept = [s for s in sentences if "weights_only" not in s and "torch.load" not in s and "://" not in s]
+    return " ".join(kept).rstrip(".") or type(error).__name__
 
 
 def _weight_map(index_path: Path) -> dict[str, str]:
