@@ -161,6 +161,13 @@ BAD_RESULTS = {
     "not_a_list": {"metric_value": 1},
     "missing_field": [{k: v for k, v in RESULTS[0].items() if k != "metric_value"}],
     "unknown_field": [{**RESULTS[0], "score": 3}],
+    "number_as_task": [{**RESULTS[0], "task_type": 5}],
+    "null_value": [{**RESULTS[0], "metric_value": None}],
+    "list_value": [{**RESULTS[0], "metric_value": [1, 2]}],
+    "nan_value": "[" + json.dumps({**RESULTS[0], "metric_value": 0}).replace("0}", "NaN}") + "]",
+    "verified_as_text": [{**RESULTS[0], "verified": "yes"}],
+    "args_as_text": [{**RESULTS[0], "dataset_args": "x"}],
+    "empty_name": [{**RESULTS[0], "dataset_name": " "}],
 }
 
 
@@ -174,6 +181,13 @@ BAD_RESULTS = {
         ("not_a_list", "must hold a non-empty JSON list of objects"),
         ("missing_field", "missing ['metric_value']"),
         ("unknown_field", "unknown field(s) ['score']"),
+        ("number_as_task", "result 0: `task_type` must be a non-empty string, not 5."),
+        ("null_value", "result 0: `metric_value` must be a finite number or a string, not null."),
+        ("list_value", "result 0: `metric_value` must be a finite number or a string, not [1, 2]."),
+        ("nan_value", "result 0: `metric_value` must be a finite number or a string, not NaN."),
+        ("verified_as_text", "result 0: `verified` must be true or false (or null), not \"yes\"."),
+        ("args_as_text", "result 0: `dataset_args` must be a JSON object (or null), not \"x\"."),
+        ("empty_name", "result 0: `dataset_name` must be a non-empty string, not \" \"."),
     ],
 )
 def test_card_bad_input_gets_a_clear_error(tmp_path, capsys, damage, message):
@@ -192,9 +206,55 @@ def test_card_bad_input_gets_a_clear_error(tmp_path, capsys, damage, message):
         content = BAD_RESULTS[damage]
         results.write_text(content if isinstance(content, str) else json.dumps(content))
         extra = ["--eval-results", str(results)]
+    capsys.readouterr()
     assert cli(["card", str(folder), *extra]) == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and err.startswith("gated-qwen: error: ") and "unexpected" not in err
     assert not (folder / "README.md").exists()
+
+
+INJECTION = 'x", trust_remote_code=True); __import__("os").system("touch PWNED"); ("x'
+
+
+def python_blocks(text: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", text, re.S)
+
+
+def test_the_cards_code_holds_every_value_as_a_literal(tmp_path):
+    """A folder name with a quote and a call in it stays a string in the card's Python: each block parses, calls
+    nothing but from_pretrained, and hands it the name as one string constant."""
+    import ast
+
+    folder = tmp_path / INJECTION
+    saved_model(folder)
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps([{**RESULTS[0], "dataset_name": "Wiki|Text\n| injected | row |"}]))
+    assert cli(["card", str(folder), "--eval-results", str(results)]) == 0
+    card = ModelCard.load(folder / "README.md")
+    blocks = python_blocks(card.text)
+    assert len(blocks) == 2
+    for block in blocks:
+        calls = [node for node in ast.walk(ast.parse(block)) if isinstance(node, ast.Call)]
+        assert [call.func.attr for call in calls] == ["from_pretrained"]
+        assert isinstance(calls[0].args[0], ast.Constant) and calls[0].args[0].value == INJECTION
+    (row,) = [line for line in card.text.splitlines() if "Wiki" in line]
+    assert len(re.findall(r"(?<!\\)\|", row)) == 6 and "injected" in row  # five cells, the name in one of them
+    assert not (tmp_path / "PWNED").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--repo-id", 'me/x"); import os; ("'], "--repo-id 'me/x\"); import os; (\"' is not a Hub repository id"),
+    (["--repo-id", "a/b/c"], "--repo-id 'a/b/c' is not a Hub repository id"),
+    (["--base-model", "Qwen/Qwen3 1.7B"], "--base-model 'Qwen/Qwen3 1.7B' is not a Hub repository id"),
+    (["--model-name", "title\n```python\nimport os"], "must be one line of printable text"),
+])
+def test_card_values_are_checked_by_the_hubs_rules(tmp_path, capsys, args, message):
+    saved_model(tmp_path / "model")
+    capsys.readouterr()
+    assert cli(["card", str(tmp_path / "model"), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+    assert not (tmp_path / "model" / "README.md").exists()
 
 
 # ----------------------------------------------------------------------------------------------------- push_to_hub

@@ -5,7 +5,10 @@ The card (template: `hub_cards/model_card.md` at the repository root, shipped in
 (`library_name: transformers`, `pipeline_tag: text-generation`, `license`, `base_model`, `tags` with `gated-attention`
 and `custom_code`, and `model-index` when evaluation results are given) and a body that states the gate variant and
 the sizes (the experts of a mixture of experts too), how to load the model with and without this package, and the
-citation.
+citation. Nothing a user gives reaches the card's text unchecked: repository ids follow the Hub's rules, the title is
+one printable line, the code examples hold the repository id as a Python string literal, table cells are escaped,
+and `--eval-results` fields are checked for their types. The card is written through `gated_qwen.outputs` (a
+README.md that is a link is replaced, never written through; a Hugging Face cache snapshot is refused).
 
 Publishing: `model.push_to_hub(repo_id)` uploads the weights, config.json (with `auto_map`) and the code files in
 one commit, through `huggingface_hub` (`push_to_hub` below, which the package installs as the models' push). When
@@ -23,7 +26,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
+import unicodedata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -91,20 +96,43 @@ def count_parameters(config: GatedQwenConfig) -> tuple[int, int]:
     return model.num_parameters(), gate_parameters_per_layer(config) * len(gated_layers(config))
 
 
+def _field_kind(annotation) -> str:
+    """What JSON value an `EvalResult` field takes: "string", "object", "boolean" or "value" (a number or string)."""
+    text = str(annotation)
+    return ("object" if "dict" in text else "boolean" if "bool" in text else "string" if "str" in text
+            else "value")
+
+
+def _check_eval_value(where: str, name: str, value, required: bool, kind: str) -> None:
+    if value is None and not required:
+        return
+    ok = {"string": isinstance(value, str) and (value.strip() or not required),
+          "object": isinstance(value, dict),
+          "boolean": isinstance(value, bool),
+          "value": isinstance(value, str) or (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                              and math.isfinite(value))}[kind]
+    if not ok:
+        expected = {"string": "a non-empty string" if required else "a string", "object": "a JSON object",
+                    "boolean": "true or false", "value": "a finite number or a string"}[kind]
+        raise CardError(f"{where}: `{name}` must be {expected}" + ("" if required else " (or null)")
+                        + f", not {json.dumps(value)[:60]}.")
+
+
 def read_eval_results(path: str | os.PathLike) -> list[EvalResult]:
     """Reads a JSON list of results, each an object with `huggingface_hub.EvalResult`'s fields, e.g.
     `{"task_type": "text-generation", "dataset_type": "wikitext", "dataset_name": "WikiText-103",
-    "metric_type": "perplexity", "metric_value": 12.3}`."""
+    "metric_type": "perplexity", "metric_value": 12.3}`, each field checked for its type."""
     from huggingface_hub import EvalResult
 
-    fields = [field.name for field in dataclasses.fields(EvalResult) if field.init]
+    kinds = {field.name: _field_kind(field.type) for field in dataclasses.fields(EvalResult) if field.init}
+    fields = list(kinds)
     path = Path(path)
     if not path.is_file():
         raise CardError(f"--eval-results {str(path)!r} is not a file; give a JSON file with a list of results.")
     try:
         entries = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise CardError(f"--eval-results {str(path)!r} is not valid JSON ({error}).") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise CardError(f"--eval-results {str(path)!r} is not valid JSON ({' '.join(str(error).split())}).") from None
     if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
         raise CardError(
             f"--eval-results {str(path)!r} must hold a non-empty JSON list of objects with the fields "
@@ -122,6 +150,9 @@ def read_eval_results(path: str | os.PathLike) -> list[EvalResult]:
                 + (f"unknown field(s) {unknown}" if unknown else "")
                 + f". The fields are {fields}; {_EVAL_REQUIRED} are required."
             )
+        for name, value in entry.items():
+            _check_eval_value(f"--eval-results {str(path)!r}, result {i}", name, value, name in _EVAL_REQUIRED,
+                              kinds[name])
         results.append(EvalResult(**entry))
     return results
 
@@ -135,9 +166,16 @@ def model_card(
     license: str | None = None,
     eval_results: list[EvalResult] | None = None,
 ) -> ModelCard:
-    """The card of a GatedQwen model with this config (see the module docstring for what it holds)."""
+    """The card of a GatedQwen model with this config (see the module docstring for what it holds). Every value
+    pasted into the card's text is checked or quoted: `model_name` is one line of printable text, `repo_id` and
+    `base_model` are Hub repository ids (Hugging Face's rules), the code examples hold `repo_id` as a Python string
+    literal, and the evaluation table's cells are escaped."""
     from huggingface_hub import ModelCard, ModelCardData
 
+    model_name = check_model_name(model_name)
+    for flag, value in (("--repo-id", repo_id), ("--base-model", base_model)):
+        if value is not None:
+            check_repo_id(value, flag)
     num_parameters, gate_parameters = count_parameters(config)
     data = ModelCardData(
         model_name=model_name,
@@ -152,15 +190,43 @@ def model_card(
         data,
         template_path=str(TEMPLATE),
         model_name=model_name,
-        repo_id=repo_id or model_name,
+        repo_id_literal=json.dumps(repo_id or model_name),  # a JSON string is a Python string literal
         base_model=base_model,
         config=config,
         gate_description=describe_gate(config),
         gate_fields=_gate_fields(config),
         num_parameters=num_parameters,
         gate_parameters=gate_parameters,
-        eval_results=eval_results or [],
+        eval_rows=[[_table_cell(value) for value in (r.task_name or r.task_type, r.dataset_name, r.dataset_split or "",
+                                                     r.metric_name or r.metric_type, r.metric_value)]
+                   for r in eval_results or []],
     )
+
+
+def check_repo_id(repo_id: str, flag: str) -> str:
+    """`repo_id` when it is a Hub repository id by Hugging Face's rules (`huggingface_hub`'s validator), else a
+    `CardError` naming `flag`."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as error:
+        raise CardError(f"{flag} {repo_id!r} is not a Hub repository id ({' '.join(str(error).split())}); write "
+                        "NAME or ORG/NAME, e.g. my-org/gated-qwen-1b.") from None
+    return repo_id
+
+
+def check_model_name(name: str) -> str:
+    """`name` when it is one line of printable text (it becomes the card's title), else a `CardError`."""
+    if not name.strip() or any(unicodedata.category(c)[0] == "C" for c in name):
+        raise CardError(f"the model name {name!r} (--model-name, default: MODEL_DIR's folder name) must be one line of "
+                        "printable text; pass --model-name NAME.")
+    return name
+
+
+def _table_cell(value) -> str:
+    """`value` as the text of one Markdown table cell (no line breaks, `|` escaped)."""
+    return " ".join(str(value).split()).replace("\\", "\\\\").replace("|", "\\|")
 
 
 def push_to_hub(model, repo_id: str, *, commit_message: str | None = None, commit_description: str | None = None,
