@@ -3,6 +3,8 @@ fresh interpreter), and every subcommand's failures come out in one format, one 
 status (0 done, 1 verification failed, 2 refused), never as a traceback."""
 
 import json
+import os
+import re
 import subprocess
 import sys
 
@@ -45,7 +47,7 @@ def test_help_loads_no_model_code(args):
 @pytest.mark.parametrize("args, message", [
     (["convert", "a", "b", "--from", "qwen9"], "argument --from: invalid choice: 'qwen9'"),
     (["analyze"], "the following arguments are required: MODEL, --out"),
-    (["eval-ppl", "m", "--lengths", "0"], "argument --lengths: must be a positive integer, got 0"),
+    (["eval-ppl", "m", "--lengths", "1"], "argument --lengths: must be at least 2 (a token is predicted from the ones"),
     (["nope"], "argument COMMAND: invalid choice: 'nope'"),
 ])
 def test_bad_flags_get_the_same_one_line_format(capsys, args, message):
@@ -95,3 +97,108 @@ def _parser_running(func):
         for sub in action.choices.values():
             sub.set_defaults(func=func)
     return parser
+
+
+# ------------------------------------------------------------------------------ every bad input: one line, status 2
+def one_line_refusal(capsys, args: list[str], message: str) -> str:
+    """`gated-qwen ARGS` refuses with status 2 and one error line, the last on stderr (before it only progress bars
+    may have been drawn), naming what is wrong (never "unexpected", never a traceback); returns the line."""
+    capsys.readouterr()
+    try:
+        code = main(args)
+    except SystemExit as done:  # argparse
+        code = done.code
+    err = capsys.readouterr().err
+    lines = err.replace("\r", "\n").splitlines()
+    assert code == 2 and err.endswith("\n") and lines[-1].startswith("gated-qwen: error: "), err
+    assert sum("error" in line.lower() for line in lines) == 1, err
+    assert message in lines[-1] and "unexpected" not in err and "Traceback" not in err, err
+    return lines[-1]
+
+
+@pytest.fixture
+def model64(tmp_path):
+    """A tiny GatedQwen folder whose vocabulary is the built-in corpus's (64 ids)."""
+    import torch
+    from helpers import TINY
+
+    from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
+
+    torch.manual_seed(0)
+    GatedQwenForCausalLM(GatedQwenConfig(**{**TINY, "vocab_size": 64})).save_pretrained(tmp_path / "model")
+    return tmp_path / "model"
+
+
+def test_a_malicious_pickle_is_refused_without_suggesting_weights_only_false(model64, tmp_path, capsys):
+    import torch
+    from safetensors.torch import load_file
+
+    marker = tmp_path / "PWNED"
+
+    class Payload:
+        def __reduce__(self):
+            return os.system, (f"touch {marker}",)
+
+    state = {**load_file(model64 / "model.safetensors"), "payload": Payload()}
+    (model64 / "model.safetensors").unlink()
+    torch.save(state, model64 / "pytorch_model.bin")
+    for args in (["analyze", str(model64), "--length", "8", "--out", str(tmp_path / "analysis")],
+                 ["eval-ppl", str(model64), "--lengths", "8"]):
+        err = one_line_refusal(capsys, args, "holds pickled weights that torch.load(weights_only=True) refuses "
+                                             "(Trying to load unsupported GLOBAL posix.system)")
+        assert "weights_only=False" not in err
+    assert not marker.exists() and not (tmp_path / "analysis").exists()
+
+
+def test_tokens_files_without_rows_or_integers_are_refused(model64, tmp_path, capsys):
+    import torch
+    from safetensors.torch import save_file
+
+    for name, ids, message in (("empty", torch.zeros(0, 16, dtype=torch.long), "holds no tokens (`input_ids` is (0, 16))"),
+                               ("floats", torch.rand(2, 16), "must hold a 2-D integer tensor `input_ids` [N, S]")):
+        save_file({"input_ids": ids}, tmp_path / f"{name}.safetensors")
+        one_line_refusal(capsys, ["eval-ppl", str(model64), "--lengths", "8", "--tokens",
+                                  str(tmp_path / f"{name}.safetensors")], message)
+
+
+def test_lengths_that_do_not_fit_in_memory_are_refused_before_allocating(model64, tmp_path, capsys):
+    """Refused at once (sampling a billion tokens of the built-in corpus alone would take hours), naming the limit."""
+    from gated_qwen.analysis.cli import available_memory
+
+    err = one_line_refusal(capsys, ["analyze", str(model64), "--length", str(10**9), "--out", str(tmp_path / "a")],
+                           f"--length {10**9} needs about")
+    limit = int(re.search(r"the most that fits is about --length (\d+)", err)[1])
+    assert 2 <= limit < 10**9 and f"GiB available ({available_memory('cpu')[1]} on this machine)" in err
+    one_line_refusal(capsys, ["eval-ppl", str(model64), "--lengths", "8", str(10**8)],
+                     f"--lengths {10**8} needs about")
+    assert not (tmp_path / "a").exists()
+
+
+def test_attention_memory_is_counted_where_it_is_quadratic():
+    """With causal masks the fused SDPA kernels need memory linear in the length; a sliding window makes
+    Transformers build the whole [length, length] mask."""
+    from helpers import TINY
+
+    from gated_qwen import GatedQwenConfig
+    from gated_qwen.analysis.cli import forward_bytes
+
+    full = GatedQwenConfig(**TINY)
+    sliding = GatedQwenConfig(**TINY, use_sliding_window=True, sliding_window=64, max_window_layers=0)
+    assert forward_bytes(full, 1, 2 * 10**5, 4) == 2 * forward_bytes(full, 1, 10**5, 4)
+    assert forward_bytes(sliding, 1, 10**5, 4) - forward_bytes(full, 1, 10**5, 4) == 5 * 10**10
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--seq-len", "1"], "argument --seq-len: must be at least 2"),
+    (["--seeds", "0", "-1"], "argument --seeds/--seed: a seed must be in [0, 2**32 - 1], got -1"),
+    (["--seeds", str(2**40)], "a seed must be in [0, 2**32 - 1]"),
+    (["--batch-size", str(10**9)], f"--batch-size {10**9} needs about"),
+    (["--steps", str(10**13)], f"--steps {10**13} needs about"),
+    (["--variants", "baseline,g9"], "--variants: unknown ['g9']"),
+])
+def test_reproduce_flags_are_refused_before_any_worker_starts(tmp_path, monkeypatch, capsys, args, message):
+    import multiprocessing
+
+    monkeypatch.chdir(tmp_path)
+    one_line_refusal(capsys, ["reproduce", "--preset", "smoke", "--jobs", "2", "--out", "out", *args], message)
+    assert multiprocessing.active_children() == [] and list(tmp_path.iterdir()) == []

@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import pickle
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,6 +30,8 @@ class Inputs:
     `reproduce`). Every window starts the way training sequences did: with BOS where there is one."""
 
     def __init__(self, model_path: str, vocab_size: int, text: str | None, tokens: str | None):
+        import torch
+
         from .data import CORPORA
 
         self.vocab_size = vocab_size
@@ -59,10 +63,14 @@ class Inputs:
             except SafetensorError as error:
                 raise ValueError(f"--tokens {tokens!r} is not a safetensors file ({' '.join(str(error).split())}); "
                                  "give a safetensors file holding `input_ids` [N, S].") from None
-            if "input_ids" not in tensors or tensors["input_ids"].dim() != 2:
+            ids = tensors.get("input_ids")
+            if ids is None or ids.dim() != 2 or ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
                 raise ValueError(f"--tokens {tokens!r} must hold a 2-D integer tensor `input_ids` [N, S]; it holds "
-                                 f"{ {k: tuple(v.shape) for k, v in tensors.items()} }.")
-            self.rows = tensors["input_ids"].long()
+                                 f"{ {k: f'{tuple(v.shape)} {v.dtype}' for k, v in tensors.items()} }.")
+            if ids.numel() == 0:
+                raise ValueError(f"--tokens {tokens!r} holds no tokens (`input_ids` is {tuple(ids.shape)}); give at "
+                                 "least one sequence.")
+            self.rows = ids.long()
             self.description = f"{tokens} ({self.rows.shape[0]} x {self.rows.shape[1]} tokens)"
         else:
             language = next((corpus() for corpus in CORPORA.values() if corpus().vocab_size == vocab_size), None)
@@ -119,7 +127,15 @@ def _load_model(path: str, dtype: str, device: str):
         config_dict = GatedQwenConfig.checkpoint_reader.config_dict(config_dict, {})
     moe = config_dict["model_type"] == GatedQwenMoeForCausalLM.config_class.model_type
     causal_lm = GatedQwenMoeForCausalLM if moe else GatedQwenForCausalLM
-    model = causal_lm.from_pretrained(path, dtype=getattr(torch, dtype), attn_implementation="sdpa")
+    try:
+        model = causal_lm.from_pretrained(path, dtype=getattr(torch, dtype), attn_implementation="sdpa")
+    except pickle.UnpicklingError as error:
+        from ..conversion.io import unpickling_reason
+
+        raise ValueError(
+            f"MODEL {path!r} holds pickled weights that torch.load(weights_only=True) refuses ("
+            f"{unpickling_reason(error)}); only plain tensors are read from pickled files. Save the weights as "
+            "safetensors from a source you trust.") from None
     return model.to(device).eval()
 
 
@@ -127,6 +143,68 @@ def _device(name: str) -> str:
     import torch
 
     return ("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name
+
+
+# ------------------------------------------------------------------------------------------------ memory checks
+def available_memory(device: str) -> tuple[int, str] | None:
+    """(bytes this process can still allocate on `device`, where the number comes from), None where unknown: on a
+    GPU what it has free, on the CPU the smaller of the system's available memory and this cgroup's limit."""
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.mem_get_info(torch.device(device))[0], f"free on {device}"
+    found = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append((int(line.split()[1]) * 1024, "MemAvailable"))
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+            found.append((max(0, int(limit) - used), "this cgroup's memory.max"))
+    except (OSError, ValueError):
+        pass
+    return min(found) if found else None
+
+
+def forward_bytes(config, batch: int, length: int, dtype_bytes: int, *, logits: bool = False,
+                  gate_logits: bool = False, map_tokens: int = 0) -> int:
+    """About how much memory one forward of `batch` sequences of `length` tokens allocates besides the weights:
+    the activations of a layer (linear in the tokens: with causal masks the fused SDPA kernels need no score
+    matrix), the mask of a sliding window ([batch, length, length], which Transformers builds whole, and its float
+    copy), every layer's gate logits (`gate_logits`, kept for `analyze`), the full attention maps of the first
+    `map_tokens` tokens, and the logits over the vocabulary (`logits`, with their float32 copy and log-softmax)."""
+    tokens = batch * length
+    heads, kv_heads, head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    width = 4 * config.hidden_size + 3 * getattr(config, "intermediate_size", 0) + (2 * heads + 2 * kv_heads) * head_dim
+    total = tokens * width * dtype_bytes + tokens * kv_heads * head_dim * 4  # + the one-hot value of F-Attn
+    if "sliding_attention" in (getattr(config, "layer_types", None) or ()):
+        total += 5 * batch * length * length
+    if gate_logits:
+        total += tokens * config.num_hidden_layers * heads * head_dim * 4
+    if map_tokens:
+        total += 16 * batch * heads * min(map_tokens, length) ** 2
+    if logits:
+        total += tokens * config.vocab_size * (dtype_bytes + 8)
+    return total
+
+
+def check_fits(needed: Callable[[int], int], value: int, flag: str, what: str, device: str, least: int = 2) -> None:
+    """Refuses `flag value` (a `ValueError` naming the most that fits, from `least` up) when `needed(value)` bytes,
+    for `what`, are more than `device` has available; `needed` grows with the value."""
+    available = available_memory(device)
+    if available is None or needed(value) <= available[0]:
+        return
+    fits, above = least - 1, value
+    while above - fits > 1:  # the largest value that fits, by bisection
+        middle = (fits + above) // 2
+        fits, above = (middle, above) if needed(middle) <= available[0] else (fits, middle)
+    limit = f"the most that fits is about {flag} {fits}" if fits >= least else f"not even {flag} {least} fits"
+    raise ValueError(f"{flag} {value} needs about {needed(value) / 2**30:.1f} GiB of memory for {what}, more than the "
+                     f"{available[0] / 2**30:.1f} GiB available ({available[1]} on this machine); {limit}.")
 
 
 # --------------------------------------------------------------------------------------------------- analyze
@@ -137,6 +215,11 @@ def run_analyze(args) -> int:
     out = dict(inputs=[args.model, args.text, args.tokens], overwrite=args.overwrite, create_parents=True)
     check_output(args.out, **out)  # before the slow part
     model = _load_model(args.model, args.dtype, _device(args.device))
+    dtype_bytes = next(model.parameters()).element_size()
+    check_fits(lambda length: forward_bytes(model.config, min(args.batch_size, args.sequences), length, dtype_bytes,
+                                            gate_logits=True, map_tokens=args.map_tokens),
+               args.length, "--length", f"one batch of {min(args.batch_size, args.sequences)} sequence(s)",
+               _device(args.device))
     inputs = Inputs(args.model, model.config.vocab_size, args.text, args.tokens)
     ids = inputs.windows(args.length, args.sequences)
     layers = model.config.num_hidden_layers
@@ -166,6 +249,10 @@ def run_eval_ppl(args) -> int:
     if args.out:
         check_output(args.out, kind="file", **out)  # before the slow part
     model = _load_model(args.model, args.dtype, _device(args.device))
+    dtype_bytes = next(model.parameters()).element_size()
+    batch = min(args.batch_size, args.sequences)
+    check_fits(lambda length: forward_bytes(model.config, batch, length, dtype_bytes, logits=True), max(args.lengths),
+               "--lengths", f"one batch of {batch} sequence(s) and its logits", _device(args.device))
     inputs = Inputs(args.model, model.config.vocab_size, args.text, args.tokens)
     rows = perplexity_by_length(model, lambda length: inputs.windows(length, args.sequences), args.lengths,
                                 yarn_factor=args.yarn, batch_size=args.batch_size)
@@ -211,19 +298,26 @@ def run_reproduce(args) -> int:
         preset = dataclasses.replace(preset, mact=None)
     if args.no_long_context_model:
         preset = dataclasses.replace(preset, long_context=None)
-    variants = args.variants.split(",") if args.variants else list(reproduce.VARIANTS)
+    variants = list(dict.fromkeys(args.variants.split(","))) if args.variants else list(reproduce.VARIANTS)
     unknown = [v for v in variants if v not in reproduce.VARIANTS]
     if unknown:
         raise ValueError(f"--variants: unknown {unknown}; choose from {list(reproduce.VARIANTS)}.")
     if HELDOUT_SEED in preset.seeds:
         raise ValueError(f"--seeds {HELDOUT_SEED} draws the held-out documents; choose another seed.")
-    for variant in variants:
-        reproduce.model_config(preset, variant)  # a size the model refuses fails now, not in a worker
+    for variant in variants:  # a size the model refuses fails now, not in a worker
+        config = reproduce.model_config(preset, variant)
     out = dict(overwrite=args.overwrite, create_parents=True)
     check_output(args.out, **out)
     runs = sum(len(runs(preset, variants)) for runs in (reproduce.planned_runs, reproduce.mact_runs,
                                                          reproduce.long_context_runs))
     jobs = args.jobs or (1 if torch.cuda.is_available() else min(runs, os.cpu_count() or 1))
+    at_once = min(jobs, runs)
+    device_name = "cuda" if torch.cuda.is_available() else "cpu"
+    check_fits(lambda batch: at_once * 3 * forward_bytes(config, batch, preset.seq_len, 4, logits=True),
+               preset.batch_size, "--batch-size", f"one training step of {at_once} run(s) at once", device_name, least=1)
+    check_fits(lambda steps: at_once * steps * preset.batch_size * preset.seq_len * 8, preset.steps, "--steps",
+               f"the training documents of {at_once} run(s) at once (--steps x --batch-size x --seq-len tokens each)",
+               device_name, least=1)
     device = (torch.cuda.get_device_name(0) if torch.cuda.is_available()
               else f"{os.cpu_count()} CPU cores ({reproduce.cpu_name()})")
     with output_folder(args.out, **out) as folder:
@@ -253,6 +347,20 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _length(text: str) -> int:
+    value = int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"must be at least 2 (a token is predicted from the ones before it), got {text}")
+    return value
+
+
+def _seed(text: str) -> int:
+    value = int(text)
+    if not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(f"a seed must be in [0, 2**32 - 1], got {text}")
     return value
 
 
@@ -298,7 +406,7 @@ def register(subparsers) -> None:
     _add_model_inputs(parser)
     parser.add_argument("--out", required=True, metavar="DIR", help="output folder (created whole or not at all)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing non-empty --out")
-    parser.add_argument("--length", type=_positive_int, default=2048, help="tokens per sequence (default 2048)")
+    parser.add_argument("--length", type=_length, default=2048, help="tokens per sequence (default 2048)")
     parser.add_argument("--sequences", type=_positive_int, default=1, help="sequences to average over (default 1)")
     parser.add_argument("--map-tokens", type=_positive_int, default=32, help="attention maps of the first N tokens")
     parser.add_argument("--map-layers", type=int, nargs="+", help="layers to draw (default: first, middle, last)")
@@ -310,7 +418,7 @@ def register(subparsers) -> None:
 
     parser = subparsers.add_parser("eval-ppl", help="perplexity against context length, with and without YaRN")
     _add_model_inputs(parser)
-    parser.add_argument("--lengths", type=_positive_int, nargs="+", required=True, help="context lengths")
+    parser.add_argument("--lengths", type=_length, nargs="+", required=True, help="context lengths")
     parser.add_argument("--yarn", type=_yarn_factor, metavar="FACTOR",
                         help="also evaluate with YaRN extending the trained context by FACTOR")
     parser.add_argument("--sequences", type=_positive_int, default=8, help="windows per length (default 8)")
@@ -327,10 +435,10 @@ def register(subparsers) -> None:
     parser.add_argument("--steps", type=_positive_int, help="training steps per run")
     parser.add_argument("--hidden-size", type=_positive_int, help="model width (heads keep their number)")
     parser.add_argument("--layers", type=_positive_int, help="decoder layers")
-    parser.add_argument("--seq-len", type=_positive_int, help="training context length")
+    parser.add_argument("--seq-len", type=_length, help="training context length")
     parser.add_argument("--batch-size", type=_positive_int, help="sequences per step")
     parser.add_argument("--learning-rates", type=_positive_float, nargs=2, metavar=("STANDARD", "HIGH"))
-    parser.add_argument("--seeds", "--seed", type=int, nargs="+", metavar="SEED",
+    parser.add_argument("--seeds", "--seed", type=_seed, nargs="+", metavar="SEED",
                         help="train every model once per seed (default: the preset's, 0 1)")
     parser.add_argument("--corpus",
                         help="bigram-backcopy (default): sinks throughout the sequence; repeats: spans copied from "

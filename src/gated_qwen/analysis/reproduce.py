@@ -19,14 +19,17 @@ with and without YaRN.
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import math
 import multiprocessing
 import os
 import platform
+import signal
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -37,6 +40,7 @@ from .data import CORPORA, HELDOUT_SEED, BigramBackcopy, KeyValueRecall, Synthet
 from .measure import analyze, first_token_attention_per_query, mean_nll, perplexity_by_length
 from .plots import moving_average
 from .quantize import SCHEMES, perplexity_under_quantization
+from .workers import SCRATCH, worker_started
 
 VARIANTS: dict[str, dict] = {
     "baseline": {"gate_position": None},
@@ -191,27 +195,35 @@ def extrapolation_lengths(preset: Preset) -> list[int]:
     return [preset.seq_len * m for m in preset.extrapolation]
 
 
-def train_and_measure(preset: Preset, variant: str, learning_rate: float, seed: int, save_to: str | None,
-                      threads: int | None = None) -> dict:
+def train_and_measure(preset: Preset, variant: str, learning_rate: float, seed: int,
+                      threads: int | None = None) -> tuple[dict, torch.nn.Module]:
     """Trains one model with the `Trainer` and measures it. Returns a JSON-ready dict (the attention maps and
-    F-Attn by position as tensors under `"tensors"`); saves the model to `save_to` when given."""
-    import transformers
-
+    F-Attn by position as tensors under `"tensors"`) and the trained model. Writes nothing but a scratch folder of
+    its own (the caller saves the model: a worker process never writes into the output)."""
     if threads:
         torch.set_num_threads(threads)
+    with _quiet_transformers():
+        return _train_and_measure_quietly(preset, variant, learning_rate, seed)
+
+
+@contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """Transformers' warnings and progress bars off (save_pretrained would draw one per model), restored after."""
+    import transformers
+
     verbosity, bars = transformers.logging.get_verbosity(), transformers.utils.logging.is_progress_bar_enabled()
     transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()  # save_pretrained would draw one per model
+    transformers.utils.logging.disable_progress_bar()
     try:
-        return _train_and_measure_quietly(preset, variant, learning_rate, seed, save_to)
+        yield
     finally:
         transformers.logging.set_verbosity(verbosity)
         if bars:
             transformers.utils.logging.enable_progress_bar()
 
 
-def _train_and_measure_quietly(preset: Preset, variant: str, learning_rate: float, seed: int,
-                               save_to: str | None) -> dict:
+def _train_and_measure_quietly(preset: Preset, variant: str, learning_rate: float,
+                               seed: int) -> tuple[dict, torch.nn.Module]:
     from transformers import Trainer, TrainingArguments
     from transformers.trainer_callback import PrinterCallback
 
@@ -223,7 +235,8 @@ def _train_and_measure_quietly(preset: Preset, variant: str, learning_rate: floa
     torch.manual_seed(seed)
     model = GatedQwenForCausalLM(model_config(preset, variant))
     model.set_attn_implementation("sdpa")
-    with tempfile.TemporaryDirectory() as scratch:
+    with tempfile.TemporaryDirectory(prefix="gated-qwen-trainer-") as scratch:
+        SCRATCH.add(scratch)
         args = TrainingArguments(
             output_dir=scratch, max_steps=preset.steps, per_device_train_batch_size=preset.batch_size,
             learning_rate=learning_rate, lr_scheduler_type="cosine",
@@ -234,7 +247,10 @@ def _train_and_measure_quietly(preset: Preset, variant: str, learning_rate: floa
         )
         trainer = Trainer(model=model, args=args, train_dataset=_Documents(train))
         trainer.remove_callback(PrinterCallback)
-        trainer.train()
+        try:
+            trainer.train()
+        finally:
+            SCRATCH.discard(scratch)
     history = [entry for entry in trainer.state.log_history if "loss" in entry]
     losses = [float(entry["loss"]) for entry in history]
     trained = time.perf_counter()
@@ -270,13 +286,14 @@ def _train_and_measure_quietly(preset: Preset, variant: str, learning_rate: floa
     result["seconds"] = {"train": trained - started, "measure": time.perf_counter() - trained}
     result["tensors"] = {"attention_maps": analysis["attention_maps"],
                          "first_token_attention_by_position": analysis["first_token_attention_by_position"]}
-    if save_to:
-        model.save_pretrained(save_to)
-    return result
+    return result, model
 
 
-def _train_and_measure(kwargs: dict) -> dict:  # picklable entry point for worker processes
-    return train_and_measure(**kwargs)
+def _train_in_worker(numbered: tuple[int, dict]) -> tuple[int, dict, object, dict]:  # picklable entry point
+    """(index, result, config, state dict) of one run: a trained model holds hooks that do not pickle."""
+    index, run = numbered
+    result, model = train_and_measure(**run)
+    return index, result, model.config, model.state_dict()
 
 
 def planned_runs(preset: Preset, variants: list[str]) -> list[tuple[str, float, int]]:
@@ -323,33 +340,55 @@ MODEL_PREFIX = {"mact": "mact-", "long": "long-", "main": ""}  # models/<prefix>
 def run_all(preset: Preset, variants: list[str], models_dir: Path | None, jobs: int,
             progress: bool = True) -> list[dict]:
     """Every run of `mact_runs` (first: they take longest), `long_context_runs` and `planned_runs`, each result with
-    its `"part"`: "mact", "long" or "main"; with `jobs` > 1 that many at a time in spawned processes (CPU threads shared out among them),
-    which needs the calling script's code under `if __name__ == "__main__":` as usual for multiprocessing."""
+    its `"part"`: "mact", "long" or "main"; each model saved into `models_dir` (if given) by this process. With
+    `jobs` > 1, that many runs at a time in spawned worker processes (CPU threads shared out among them), which needs
+    the calling script's code under `if __name__ == "__main__":` as usual for multiprocessing. The workers write
+    nothing (they hand back results and models) and end with this process: on an error or Ctrl-C here they are
+    terminated (they ignore Ctrl-C themselves, so they print nothing), and a worker whose parent was killed exits
+    within 0.2 s."""
     from tqdm.auto import tqdm
 
     planned = ([("mact", mact_preset(preset), *run) for run in mact_runs(preset, variants)]
                + [("long", long_context_preset(preset), *run) for run in long_context_runs(preset, variants)]
                + [("main", preset, *run) for run in planned_runs(preset, variants)])
-    runs = [dict(preset=chosen, variant=variant, learning_rate=learning_rate, seed=seed,
-                 save_to=str(models_dir / f"{MODEL_PREFIX[part]}{run_name(variant, learning_rate, seed)}")
-                 if models_dir else None)
-            for part, chosen, variant, learning_rate, seed in planned]
-    bar = tqdm(total=len(runs), desc="reproduce", unit="run", disable=not progress)
+    runs = [dict(preset=chosen, variant=variant, learning_rate=learning_rate, seed=seed)
+            for _, chosen, variant, learning_rate, seed in planned]
+    save_to = [models_dir / f"{MODEL_PREFIX[part]}{run_name(variant, learning_rate, seed)}" if models_dir else None
+               for part, _, variant, learning_rate, seed in planned]
     results: list[dict | None] = [None] * len(runs)
-    if jobs <= 1:
-        for i, run in enumerate(runs):
-            bar.set_postfix_str(run_name(run["variant"], run["learning_rate"], run["seed"]))
-            results[i] = train_and_measure(**run)
-            bar.update(1)
-    else:
-        threads = max(1, (os.cpu_count() or 1) // jobs)
-        context = multiprocessing.get_context("spawn")  # fork after torch has started threads is unsafe
-        with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-            futures = {pool.submit(_train_and_measure, {**run, "threads": threads}): i for i, run in enumerate(runs)}
-            for future in concurrent.futures.as_completed(futures):
-                results[futures[future]] = future.result()
+
+    def finished(index: int, result: dict, model) -> None:
+        results[index] = result
+        if save_to[index] is not None:
+            with _quiet_transformers():
+                model.save_pretrained(save_to[index])
+
+    with tqdm(total=len(runs), desc="reproduce", unit="run", disable=not progress) as bar:
+        if jobs <= 1:
+            for index, run in enumerate(runs):
+                bar.set_postfix_str(run_name(run["variant"], run["learning_rate"], run["seed"]))
+                finished(index, *train_and_measure(**run))
                 bar.update(1)
-    bar.close()
+        else:
+            threads = max(1, (os.cpu_count() or 1) // jobs)
+            context = multiprocessing.get_context("spawn")  # fork after torch has started threads is unsafe
+            # The workers start with Ctrl-C ignored (inherited), so one pressed while they import is the parent's too.
+            main_thread = threading.current_thread() is threading.main_thread()
+            previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
+            try:
+                pool = context.Pool(jobs, initializer=worker_started, initargs=(os.getpid(),))
+            finally:
+                if main_thread:
+                    signal.signal(signal.SIGINT, previous)
+            with pool:  # on leaving, for any reason, the workers are terminated
+                numbered = [(index, {**run, "threads": threads}) for index, run in enumerate(runs)]
+                for index, result, config, state in pool.imap_unordered(_train_in_worker, numbered):
+                    from .. import GatedQwenForCausalLM
+
+                    model = GatedQwenForCausalLM(config)
+                    model.load_state_dict(state)
+                    finished(index, result, model)
+                    bar.update(1)
     return [{**result, "part": part} for (part, *_), result in zip(planned, results)]
 
 

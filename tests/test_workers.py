@@ -1,0 +1,118 @@
+"""`gated-qwen reproduce`'s worker processes end with their parent, quietly: Ctrl-C (SIGINT to the whole process
+group, as a terminal sends it) prints one line and no worker traceback, and a parent killed with SIGKILL takes its
+workers with it, so nothing re-creates the staging folder that `--clean` removed. Real processes, real signals."""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow  # three processes import the model stack, then train a few runs
+
+
+class Run:
+    """`gated-qwen reproduce --preset smoke --jobs 2` in a session of its own, its stderr collected as it comes; runs
+    of 400 steps, so that a worker left alone would go on training for many seconds."""
+
+    def __init__(self, tmp_path: Path):
+        self.scratch = tmp_path / "scratch"  # the workers' temporary folders (the Trainer's) go here
+        self.scratch.mkdir()
+        self.out = tmp_path / "out"
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "gated_qwen.cli", "reproduce", "--preset", "smoke", "--steps", "400", "--jobs", "2",
+             "--out", str(self.out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+            env={**os.environ, "TMPDIR": str(self.scratch)})
+        self.err = b""
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        while chunk := os.read(self.process.stderr.fileno(), 4096):
+            self.err += chunk
+
+    def trainer_scratch(self) -> list[str]:
+        """The Trainer scratch folders of the workers (other libraries' caches may stay: they are meant to)."""
+        return [p.name for p in self.scratch.iterdir() if p.name.startswith("gated-qwen-trainer-")]
+
+    def workers(self) -> list[int]:
+        pid = self.process.pid
+        children = []
+        for task in os.listdir(f"/proc/{pid}/task"):
+            children += [int(c) for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+        return [c for c in children if b"multiprocessing.spawn" in Path(f"/proc/{c}/cmdline").read_bytes()]
+
+    def wait_for_training(self) -> list[int]:
+        """Waits until both workers train (each has made its Trainer scratch folder), returns their ids."""
+        deadline = time.monotonic() + 400
+        while len(self.trainer_scratch()) < 2:
+            assert self.process.poll() is None, self.err.decode()[-2000:]
+            assert time.monotonic() < deadline, self.err.decode()[-2000:]
+            time.sleep(0.2)
+        workers = self.workers()
+        assert len(workers) == 2
+        return workers
+
+    def finish(self) -> str:
+        """Waits for the parent and its stderr (which the workers share: closed when the last of them ends)."""
+        self.process.wait(timeout=120)
+        self.reader.join(timeout=60)
+        return self.err.decode()
+
+
+def alive(pids: list[int]) -> list[int]:
+    """Those of `pids` that still run (a zombie, ended and waiting to be reaped, does not)."""
+    running = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            running.append(pid)
+    return running
+
+
+def wait_until_gone(pids: list[int], seconds: float = 10) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return alive(pids)
+
+
+def test_ctrl_c_prints_one_line_and_stops_the_workers(tmp_path):
+    run = Run(tmp_path)
+    workers = run.wait_for_training()
+    for worker in workers:  # Ctrl-C is the parent's to handle: a worker goes on, quietly
+        os.kill(worker, signal.SIGINT)
+    time.sleep(1)
+    assert alive(workers) == workers and b"Traceback" not in run.err
+    os.killpg(run.process.pid, signal.SIGINT)  # what a terminal sends to the whole foreground group
+    err = run.finish()
+    assert run.process.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    lines = [line for line in err.replace("\r", "\n").splitlines() if line.strip()]
+    assert lines[-1] == "gated-qwen: interrupted; nothing was written."
+    assert [line for line in lines if not line.startswith("reproduce:")] == [lines[-1]]  # the rest: its progress bar
+    assert wait_until_gone(workers) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["scratch"] and run.trainer_scratch() == []
+
+
+def test_killing_the_parent_ends_the_workers_and_nothing_comes_back_after_clean(tmp_path):
+    from gated_qwen.cli import main
+
+    run = Run(tmp_path)
+    workers = run.wait_for_training()
+    os.kill(run.process.pid, signal.SIGKILL)
+    run.process.wait(timeout=60)
+    assert wait_until_gone(workers, seconds=3) == []  # a run takes far longer: they stopped in the middle
+    assert "Traceback" not in run.finish()
+    (staging,) = tmp_path.glob(".out.writing-*")
+    assert main(["convert", "--clean", str(run.out)]) == 0
+    assert not staging.exists()
+    time.sleep(2)  # a worker that lived on would save its model into the staging folder again
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["scratch"] and run.trainer_scratch() == []
