@@ -2,6 +2,7 @@
 group, as a terminal sends it) prints one line and no worker traceback, and a parent killed with SIGKILL takes its
 workers with it, so nothing re-creates the staging folder that `--clean` removed. Real processes, real signals."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -84,8 +85,21 @@ def wait_until_gone(pids: list[int], seconds: float = 10) -> list[int]:
     return alive(pids)
 
 
-def test_ctrl_c_prints_one_line_and_stops_the_workers(tmp_path):
+@pytest.fixture
+def run(tmp_path):
+    """A `Run`, and whatever is left of it killed at the end (a failed test leaves no training processes behind)."""
     run = Run(tmp_path)
+    yield run
+    workers = run.workers() if run.process.poll() is None else []
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(run.process.pid, signal.SIGKILL)
+    for worker in workers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker, signal.SIGKILL)
+    run.process.wait(timeout=60)
+
+
+def test_ctrl_c_prints_one_line_and_stops_the_workers(run, tmp_path):
     workers = run.wait_for_training()
     for worker in workers:  # Ctrl-C is the parent's to handle: a worker goes on, quietly
         os.kill(worker, signal.SIGINT)
@@ -102,10 +116,9 @@ def test_ctrl_c_prints_one_line_and_stops_the_workers(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["scratch"] and run.trainer_scratch() == []
 
 
-def test_killing_the_parent_ends_the_workers_and_nothing_comes_back_after_clean(tmp_path):
+def test_killing_the_parent_ends_the_workers_and_nothing_comes_back_after_clean(run, tmp_path):
     from gated_qwen.cli import main
 
-    run = Run(tmp_path)
     workers = run.wait_for_training()
     os.kill(run.process.pid, signal.SIGKILL)
     run.process.wait(timeout=60)
