@@ -325,6 +325,47 @@ def test_a_missing_gate_tensor_is_an_error_not_a_random_gate(tmp_path):
         GatedQwenForCausalLM.from_pretrained(tmp_path / "gated")
 
 
+def misshapen(folder: Path, name: str, **gate) -> None:
+    """A saved GatedQwen folder whose tensor `name` lost its last 4 rows."""
+    torch.manual_seed(0)
+    GatedQwenForCausalLM(GatedQwenConfig(**TINY, **gate)).save_pretrained(folder)
+    tensors = load_file(folder / "model.safetensors")
+    tensors[name] = tensors[name][:-4].clone()
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("name, gate", [
+    ("model.layers.1.self_attn.gate.g_proj.weight", {}),
+    ("model.layers.0.self_attn.gate.logits", {"gate_input_dependent": False}),
+])
+@pytest.mark.parametrize("ignore", [False, True])
+def test_a_misshapen_gate_tensor_is_an_error_even_when_mismatches_are_ignored(tmp_path, name, gate, ignore):
+    """Transformers' ignore_mismatched_sizes=True would start the gate at random (its log says so, the load goes
+    on): a gate tensor of another shape is as much an error as a missing one."""
+    misshapen(tmp_path / "gated", name, **gate)
+    with pytest.raises(ValueError, match=rf"a tensor of another shape for {re.escape(name)}.*refusing to start that "
+                                         "gate at random"):
+        GatedQwenForCausalLM.from_pretrained(tmp_path / "gated", ignore_mismatched_sizes=ignore)
+
+
+def test_other_misshapen_tensors_are_named_unless_mismatches_are_ignored(tmp_path, capsys):
+    from gated_qwen.cli import main as cli
+
+    name = "model.layers.0.mlp.up_proj.weight"
+    misshapen(tmp_path / "gated", name)
+    shape = [TINY["intermediate_size"], TINY["hidden_size"]]
+    with pytest.raises(ValueError, match=re.escape(f"the checkpoint's {name} has shape {[shape[0] - 4, shape[1]]}, "
+                                                   f"not the {shape} its config gives")):
+        GatedQwenForCausalLM.from_pretrained(tmp_path / "gated")
+    model, info = GatedQwenForCausalLM.from_pretrained(tmp_path / "gated", ignore_mismatched_sizes=True,
+                                                       output_loading_info=True)  # as Transformers does: re-started
+    assert [key[0] for key in info["mismatched_keys"]] == [name] and list(model.get_parameter(name).shape) == shape
+    capsys.readouterr()
+    assert cli(["analyze", str(tmp_path / "gated"), "--length", "8", "--out", str(tmp_path / "out")]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(errors) == 1 and errors[0].startswith(f"gated-qwen: error: the checkpoint's {name} has shape")
+
+
 def test_analyze_reads_a_release_folder_directly(tmp_path):
     """`gated-qwen analyze` on the paper's layout: the same report as on the converted folder."""
     release = tmp_path / "release"

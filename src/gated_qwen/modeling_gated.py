@@ -247,12 +247,15 @@ class GatedQwenPreTrainedModel(PreTrainedModel):
         one of another shape (even with `ignore_mismatched_sizes=True`), is refused rather than starting that gate
         at random. The loaded model saves in this package's format."""
         wants_info = kwargs.get("output_loading_info", False)
-        kwargs["output_loading_info"] = True
+        allows_mismatch = kwargs.get("ignore_mismatched_sizes", False)
+        # Loaded either way, so that a mismatch is refused below by name (Transformers raises a RuntimeError that
+        # points at its log); with the caller's ignore_mismatched_sizes=True only non-gate tensors may be re-started.
+        kwargs.update(output_loading_info=True, ignore_mismatched_sizes=True)
         reader = cls.config_class.checkpoint_reader
         loaded = reader.from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs) if reader else None
         model, info = loaded or super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
-        not_loaded = sorted(name for name in [*info["missing_keys"], *(key[0] if isinstance(key, tuple) else key
-                                                                       for key in info["mismatched_keys"])]
+        mismatched = sorted((key if isinstance(key, tuple) else (key, None, None)) for key in info["mismatched_keys"])
+        not_loaded = sorted(name for name in [*info["missing_keys"], *(name for name, *_ in mismatched)]
                             if ".self_attn.gate." in name)
         if not_loaded:
             missing = not_loaded[0] in info["missing_keys"]
@@ -263,6 +266,15 @@ class GatedQwenPreTrainedModel(PreTrainedModel):
                 "that gate at random. Load the folder with the config it was saved with, or pass gate fields only to "
                 "add a gate to a stock Qwen3 folder."
             )
+        if mismatched and not allows_mismatch:
+            name, stored, expected = mismatched[0]
+            shapes = f" has shape {list(stored)}, not the {list(expected)} its config gives" if stored else (
+                " has another shape than its config gives")
+            raise ValueError(
+                f"the checkpoint's {name}{shapes}" + (f" (and {len(mismatched) - 1} more tensors)" if len(mismatched)
+                                                      > 1 else "")
+                + "; load the folder with the config it was saved with (ignore_mismatched_sizes=True would start "
+                "such tensors, other than the gate's, at random).")
         return (model, info) if wants_info else model
 
     def push_to_hub(self, repo_id: str, **kwargs):
