@@ -286,7 +286,7 @@ def load_model_config(model_dir: str | os.PathLike) -> GatedQwenConfig:
     if not config_file.is_file():
         raise CardError(f"MODEL_DIR {str(model_dir)!r} has no config.json; give a folder written by save_pretrained.")
     from .configuration_gated import GATED_MODEL_TYPES, GatedQwenConfig, GatedQwenMoeConfig
-    from .outputs import read_json_object
+    from .outputs import config_from_dict, read_json_object
 
     config_dict = read_json_object(config_file, "MODEL_DIR's config.json", CardError)
     if config_dict.get("model_type") not in GATED_MODEL_TYPES:
@@ -295,6 +295,9 @@ def load_model_config(model_dir: str | os.PathLike) -> GatedQwenConfig:
             f"{' or '.join(repr(t) for t in GATED_MODEL_TYPES)}; convert it first (`gated-qwen convert`)."
         )
     auto_map = config_dict.get("auto_map") or {}
+    if not isinstance(auto_map, dict):
+        raise CardError(f"MODEL_DIR {str(model_dir)!r}: config.json's auto_map must be an object of Auto class -> "
+                        f"module.Class, not {json.dumps(auto_map)[:40]}.")
     local = {ref.split(".")[0] + ".py" for ref in auto_map.values() if isinstance(ref, str) and "--" not in ref}
     missing = sorted(local - {p.name for p in model_dir.iterdir()})
     if "AutoModelForCausalLM" not in auto_map or missing:
@@ -305,7 +308,8 @@ def load_model_config(model_dir: str | os.PathLike) -> GatedQwenConfig:
             + ". Save the model again with `save_pretrained` after `import gated_qwen`, which writes both."
         )
     moe = config_dict["model_type"] == GatedQwenMoeConfig.model_type
-    return (GatedQwenMoeConfig if moe else GatedQwenConfig).from_dict(config_dict)
+    return config_from_dict(GatedQwenMoeConfig if moe else GatedQwenConfig, config_dict,
+                            f"the config.json of MODEL_DIR {str(model_dir)!r}", CardError)
 
 
 def write_card(

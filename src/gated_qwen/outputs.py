@@ -485,6 +485,30 @@ def read_json_object(path: Path, what: str, error: type[Exception] = ValueError)
     return data
 
 
+# What Transformers' config classes raise on a config.json value of the wrong type (besides their own ValueErrors):
+# e.g. `id2label` a list (AttributeError), `dtype` a list (IndexError).
+CONFIG_VALUE_ERRORS = (ValueError, TypeError, AttributeError, IndexError, KeyError)
+# Fields every Transformers config has and takes without checking their type: checked here first, by name.
+BASE_CONFIG_FIELDS = {"dtype": ((str, type(None)), "a dtype name such as \"bfloat16\""),
+                      "torch_dtype": ((str, type(None)), "a dtype name such as \"bfloat16\""),
+                      "id2label": (dict, "an object of id -> label"), "label2id": (dict, "an object of label -> id"),
+                      "architectures": ((list, type(None)), "a list of class names"),
+                      "auto_map": (dict, "an object of Auto class -> module.Class")}
+
+
+def config_from_dict(config_class, config_dict: dict, what: str, error: type[Exception] = ValueError):
+    """`config_class.from_dict(config_dict)` for a config.json a user gave; what the config class raises on its
+    values becomes `error`, one line naming `what` (e.g. "SRC's config.json")."""
+    for name, (types, expected) in BASE_CONFIG_FIELDS.items():
+        if name in config_dict and not isinstance(config_dict[name], types):
+            raise error(f"{what}: `{name}` must be {expected}, not {json.dumps(config_dict[name])[:40]}.")
+    try:
+        return config_class.from_dict(config_dict)
+    except CONFIG_VALUE_ERRORS as problem:
+        reason = " ".join(str(problem).split()) or type(problem).__name__
+        raise error(f"{what} is not a valid {config_class.__name__} ({reason}).") from None
+
+
 def write_json(path: str | os.PathLike, data) -> None:
     """`data` as indented JSON (NaN and infinities written as JavaScript does, as Python's json reads them back)."""
     Path(path).write_text(json.dumps(data, indent=2, allow_nan=True) + "\n")

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..outputs import check_output, output_file, output_folder, write_json
+from ..outputs import CONFIG_VALUE_ERRORS, check_output, config_from_dict, output_file, output_folder, write_json
 
 if TYPE_CHECKING:
     import torch
@@ -123,10 +123,14 @@ def _load_model(path: str, dtype: str, device: str):
         raise ValueError(f"MODEL {path!r} is not a model folder (no config.json); pass a folder written by "
                          "save_pretrained.")
     config_dict, _ = PreTrainedConfig.get_config_dict(path)
-    if config_dict.get("model_type") not in GATED_MODEL_TYPES:  # another format: its GatedQwen config
-        config_dict = GatedQwenConfig.checkpoint_reader.config_dict(config_dict, {})
-    moe = config_dict["model_type"] == GatedQwenMoeForCausalLM.config_class.model_type
-    causal_lm = GatedQwenMoeForCausalLM if moe else GatedQwenForCausalLM
+    try:
+        if config_dict.get("model_type") not in GATED_MODEL_TYPES:  # another format: its GatedQwen config
+            config_dict = GatedQwenConfig.checkpoint_reader.config_dict(config_dict, {})
+        moe = config_dict["model_type"] == GatedQwenMoeForCausalLM.config_class.model_type
+        causal_lm = GatedQwenMoeForCausalLM if moe else GatedQwenForCausalLM
+    except CONFIG_VALUE_ERRORS as error:
+        raise ValueError(f"MODEL {path!r}: config.json is not a valid config ({' '.join(str(error).split())}).") from None
+    config_from_dict(causal_lm.config_class, config_dict, f"the config.json of MODEL {path!r}")  # refused before loading
     try:
         model = causal_lm.from_pretrained(path, dtype=getattr(torch, dtype), attn_implementation="sdpa")
     except pickle.UnpicklingError as error:

@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..outputs import OutputError, clean_stale, output_folder, say
+from ..outputs import CONFIG_VALUE_ERRORS, OutputError, clean_stale, output_folder, say
 from .errors import CheckpointFormatError, ConversionError, VerificationError
 from .formats import FORMATS, FROM_FORMATS, TO_FORMATS
 from .verify import VERIFY_MAX_PARAMETERS, VERIFY_RTOL
@@ -98,7 +98,8 @@ def _plan(name: str, export: bool, ckpt, add_gate, export_options: dict):
         return config, plan_import(fmt, ckpt, config)
     except (ConversionError, CheckpointFormatError):
         raise
-    except (StrictDataclassError, ValueError, TypeError) as error:
+    except (StrictDataclassError, *CONFIG_VALUE_ERRORS) as error:  # a value of the wrong type meets Transformers'
+        # config classes' handling with any of these (see CONFIG_VALUE_ERRORS)
         direction = f"a {name} checkpoint" if not export else "a gated_qwen checkpoint"
         raise ConversionError(
             f"SRC's config.json is not a valid config of {direction}: {' '.join(str(error).split())}"

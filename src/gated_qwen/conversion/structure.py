@@ -92,7 +92,11 @@ def _layout_of(kind: str, config) -> list[list[dict[str, Shape]]]:
 
 def _config_of(kind: str, config_dict: dict):
     """The config object of `kind` (a dict for the release layout), read as Transformers reads config.json."""
-    return config_dict if kind == "release" else model_class(kind).config_class.from_dict(config_dict)
+    from ..outputs import config_from_dict
+
+    if kind == "release":
+        return config_dict
+    return config_from_dict(model_class(kind).config_class, config_dict, "SRC's config.json", ConversionError)
 
 
 def source_layout(ckpt: Checkpoint, kind: str) -> list[list[dict[str, Shape]]]:
