@@ -150,6 +150,17 @@ def test_a_malicious_pickle_is_refused_without_suggesting_weights_only_false(mod
     assert not marker.exists() and not (tmp_path / "analysis").exists()
 
 
+def test_a_refusal_after_the_model_stack_loaded_is_one_line_in_a_fresh_process(model64, tmp_path):
+    """What a user sees: the whole stderr of a fresh `gated-qwen` that imported torch, Transformers and whatever they
+    import (torchao from the `quant` extra warns about its C extensions at import) and then refused is one line, after
+    the progress bar of loading the weights."""
+    result = subprocess.run([sys.executable, "-m", "gated_qwen.cli", "analyze", str(model64), "--length", str(10**9),
+                             "--out", str(tmp_path / "a")], capture_output=True, text=True, timeout=300, check=False)
+    lines = [line for line in result.stderr.replace("\r", "\n").splitlines() if line and "%|" not in line]
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"gated-qwen: error: --length {10**9} needs about"), result.stderr
+
+
 def test_tokens_files_without_rows_or_integers_are_refused(model64, tmp_path, capsys):
     import torch
     from safetensors.torch import save_file

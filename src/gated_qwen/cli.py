@@ -9,10 +9,21 @@ or 1 (a conversion's verification failed; nothing was written). Set `GATED_QWEN_
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 
 REFUSED = 2  # a bad input, flag or destination (argparse uses 2 for bad flags too)
+# Loggers of libraries that Transformers imports whenever they are installed (the `quant` extra's torchao) and that
+# warn at import time about nothing a user of the command can act on: torchao's C extensions built for another torch,
+# torch's pytree on torchao's Enum registrations. Their errors still show.
+IMPORT_NOISE = ("torchao", "torch.utils._pytree")
+
+
+def quiet_import_noise() -> None:
+    """The `IMPORT_NOISE` loggers' warnings off in this process (the command and each of `reproduce`'s workers)."""
+    for name in IMPORT_NOISE:
+        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 class Parser(argparse.ArgumentParser):
@@ -49,6 +60,7 @@ def _one_line(error: BaseException) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    quiet_import_noise()
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

@@ -26,6 +26,9 @@ def end_worker(*_) -> None:
 
 def worker_started(parent: int) -> None:
     """The pool's initializer: see the module docstring (`parent`: the parent's process id)."""
+    from ..cli import quiet_import_noise  # the standard library only, too
+
+    quiet_import_noise()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, end_worker)
 
