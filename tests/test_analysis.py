@@ -820,12 +820,25 @@ def test_reproduce_smoke_preset_end_to_end(tmp_path, capsys):
 
 
 @pytest.mark.slow  # a fresh interpreter or several processes
-def test_reproduce_in_worker_processes_gives_the_in_process_results():
+def test_reproduce_in_worker_processes_gives_the_in_process_results(tmp_path, monkeypatch):
+    """The same results and saved models from worker processes as in-process, also under a TMPDIR long enough that
+    a Unix socket in it (how tensors pickled as they are cross between processes) would not fit."""
+    from safetensors.torch import load_file
+
     from gated_qwen.analysis.reproduce import PRESETS, customised, run_all
 
+    long_tmp = tmp_path / ("t" * (100 - len(str(tmp_path))))
+    long_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(long_tmp))
     preset = customised(PRESETS["smoke"], steps=3, seeds=(2,))
-    inline = run_all(preset, ["g1-headwise"], models_dir=None, jobs=1, progress=False)
-    spawned = run_all(preset, ["g1-headwise"], models_dir=None, jobs=2, progress=False)
+    inline = run_all(preset, ["g1-headwise"], models_dir=tmp_path / "inline", jobs=1, progress=False)
+    spawned = run_all(preset, ["g1-headwise"], models_dir=tmp_path / "spawned", jobs=2, progress=False)
+    for model in ("g1-headwise-lr0.01-seed2", "g1-headwise-lr0.04-seed2"):
+        a, b = (load_file(tmp_path / kind / model / "model.safetensors") for kind in ("inline", "spawned"))
+        assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-6) for k in a)
+    for a, b in zip(inline, spawned):
+        for name, maps in a["tensors"]["attention_maps"].items():
+            torch.testing.assert_close(b["tensors"]["attention_maps"][name], maps, rtol=1e-4, atol=1e-6)
     assert [(r["variant"], r["learning_rate"], r["seed"]) for r in spawned] == [
         (r["variant"], r["learning_rate"], r["seed"]) for r in inline] == [("g1-headwise", 1e-2, 2),
                                                                           ("g1-headwise", 4e-2, 2)]

@@ -19,6 +19,7 @@ with and without YaRN.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import multiprocessing
@@ -289,11 +290,26 @@ def _train_and_measure_quietly(preset: Preset, variant: str, learning_rate: floa
     return result, model
 
 
-def _train_in_worker(numbered: tuple[int, dict]) -> tuple[int, dict, object, dict]:  # picklable entry point
-    """(index, result, config, state dict) of one run: a trained model holds hooks that do not pickle."""
+def _train_in_worker(numbered: tuple[int, dict]) -> tuple[int, dict, object, bytes]:  # picklable entry point
+    """(index, result, config, tensors) of one run, its tensors (the model's state dict, the result's `"tensors"`)
+    as the bytes of `torch.save`, read back by `_tensors_from_worker`: a trained model holds hooks that do not pickle,
+    and tensors pickled as they are travel through a socket file in TMPDIR, which a long TMPDIR makes too long a path
+    for a Unix socket (108 bytes)."""
     index, run = numbered
     result, model = train_and_measure(**run)
-    return index, result, model.config, model.state_dict()
+    packed = io.BytesIO()
+    torch.save({"state": model.state_dict(), "tensors": result.pop("tensors")}, packed)
+    return index, result, model.config, packed.getvalue()
+
+
+def _tensors_from_worker(result: dict, config, tensors: bytes) -> tuple[dict, torch.nn.Module]:
+    """The result and model of one run that `_train_in_worker` handed back."""
+    from .. import GatedQwenForCausalLM
+
+    packed = torch.load(io.BytesIO(tensors), weights_only=True)
+    model = GatedQwenForCausalLM(config)
+    model.load_state_dict(packed["state"])
+    return {**result, "tensors": packed["tensors"]}, model
 
 
 def planned_runs(preset: Preset, variants: list[str]) -> list[tuple[str, float, int]]:
@@ -382,12 +398,8 @@ def run_all(preset: Preset, variants: list[str], models_dir: Path | None, jobs: 
                     signal.signal(signal.SIGINT, previous)
             with pool:  # on leaving, for any reason, the workers are terminated
                 numbered = [(index, {**run, "threads": threads}) for index, run in enumerate(runs)]
-                for index, result, config, state in pool.imap_unordered(_train_in_worker, numbered):
-                    from .. import GatedQwenForCausalLM
-
-                    model = GatedQwenForCausalLM(config)
-                    model.load_state_dict(state)
-                    finished(index, result, model)
+                for index, *handed_back in pool.imap_unordered(_train_in_worker, numbered):
+                    finished(index, *_tensors_from_worker(*handed_back))
                     bar.update(1)
     return [{**result, "part": part} for (part, *_), result in zip(planned, results)]
 
