@@ -180,6 +180,9 @@ def test_lengths_that_do_not_fit_in_memory_are_refused_before_allocating(model64
                            f"--length {10**9} needs about")
     limit = int(re.search(r"the most that fits is about --length (\d+)", err)[1])
     assert 2 <= limit < 10**9 and f"GiB available ({available_memory('cpu')[1]} on this machine)" in err
+    err = one_line_refusal(capsys, ["analyze", str(model64), "--length", str(10**9), "--quant", "w4a4", "--out",
+                                    str(tmp_path / "a")], "sequence(s) and its logits (--quant)")
+    assert int(re.search(r"the most that fits is about --length (\d+)", err)[1]) < 0.9 * limit  # the logits too
     one_line_refusal(capsys, ["eval-ppl", str(model64), "--lengths", "8", str(10**8)],
                      f"--lengths {10**8} needs about")
     assert not (tmp_path / "a").exists()
@@ -199,12 +202,33 @@ def test_attention_memory_is_counted_where_it_is_quadratic():
     assert forward_bytes(sliding, 1, 10**5, 4) - forward_bytes(full, 1, 10**5, 4) == 5 * 10**10
 
 
+@pytest.mark.parametrize("variant", ["baseline", "g1-elementwise", "g1-headwise", "input-independent"])
+def test_the_training_memory_estimate_counts_every_parameter(variant):
+    """`training_bytes`, from the preset's sizes alone, against the parameters of the model reproduce builds (16 bytes
+    each: weights, gradients, Adam's two moments), on a preset whose memory is almost all parameters: never less, and
+    at most the largest (elementwise) gate's parameters more."""
+    from gated_qwen import GatedQwenForCausalLM
+    from gated_qwen.analysis.cli import training_bytes
+    from gated_qwen.analysis.reproduce import PRESETS, customised, model_config
+
+    preset = customised(PRESETS["large"], seq_len=2, batch_size=1, steps=1, eval_documents=1, analysis_documents=1,
+                        extrapolation_documents=1, num_hidden_layers=2)
+    def parameters(variant: str) -> int:
+        return sum(p.numel() for p in GatedQwenForCausalLM(model_config(preset, variant)).parameters())
+
+    assert 16 * parameters(variant) <= training_bytes(preset) <= 1.05 * 16 * parameters("g1-elementwise")
+
+
 @pytest.mark.parametrize("args, message", [
     (["--seq-len", "1"], "argument --seq-len: must be at least 2"),
     (["--seeds", "0", "-1"], "argument --seeds/--seed: a seed must be in [0, 2**32 - 1], got -1"),
     (["--seeds", str(2**40)], "a seed must be in [0, 2**32 - 1]"),
     (["--batch-size", str(10**9)], f"--batch-size {10**9} needs about"),
     (["--steps", str(10**13)], f"--steps {10**13} needs about"),
+    (["--hidden-size", str(64000)], "--hidden-size 64000 needs about"),  # 16 GB of weights, allocated before
+    (["--layers", str(10**9)], f"--layers {10**9} needs about"),  # its config alone: a list of 10**9 layer types
+    (["--seq-len", str(10**7)], f"--seq-len {10**7} needs about"),
+    (["--batch-size", str(10**9), "--steps", "2"], f"--batch-size {10**9} needs about"),  # the flag that can fix it
     (["--variants", "baseline,g9"], "--variants: unknown ['g9']"),
 ])
 def test_reproduce_flags_are_refused_before_any_worker_starts(tmp_path, monkeypatch, capsys, args, message):

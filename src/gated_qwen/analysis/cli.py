@@ -211,6 +211,61 @@ def check_fits(needed: Callable[[int], int], value: int, flag: str, what: str, d
                      f"{available[0] / 2**30:.1f} GiB available ({available[1]} on this machine); {limit}.")
 
 
+def training_bytes(preset) -> int:
+    """About the peak memory of one `reproduce` run of `preset` (a `reproduce.Preset`), from its sizes alone (no
+    config is built: `--layers 10**9` would make a list of 10**9 layer types): the float32 weights, their gradients
+    and Adam's two moments (16 bytes a parameter; the gate counted as the largest, elementwise, one), the training
+    and held-out documents, and the largest forward the run makes: a training step (kept for the backward, about 3
+    forwards), the analysis of `analysis_documents`, or the longest extrapolation length."""
+    from types import SimpleNamespace
+
+    hidden, heads, kv_heads, head_dim = (preset.hidden_size, preset.num_attention_heads, preset.num_key_value_heads,
+                                         preset.head_dim)
+    shape = SimpleNamespace(vocab_size=preset.language.vocab_size, hidden_size=hidden, head_dim=head_dim,
+                            intermediate_size=preset.intermediate_size, num_hidden_layers=preset.num_hidden_layers,
+                            num_attention_heads=heads, num_key_value_heads=kv_heads)
+    per_layer = hidden * (3 * heads + 2 * kv_heads) * head_dim + 3 * hidden * preset.intermediate_size + 4 * hidden
+    parameters = preset.num_hidden_layers * per_layer + 2 * preset.language.vocab_size * hidden
+    longest = preset.seq_len * max(preset.extrapolation)
+    documents = 8 * (preset.steps * preset.batch_size * preset.seq_len
+                     + max(preset.eval_documents, preset.extrapolation_documents) * longest)
+    forward = max(3 * forward_bytes(shape, preset.batch_size, preset.seq_len, 4, logits=True),
+                  forward_bytes(shape, preset.analysis_documents, preset.seq_len, 4, gate_logits=True, map_tokens=32),
+                  forward_bytes(shape, preset.extrapolation_documents, longest, 4, logits=True))
+    return 16 * parameters + documents + forward
+
+
+def _training_sizes(preset) -> list[tuple[str, str, int, Callable[[int], dict], int]]:
+    """(flag, its `args` name, its value, the preset's fields at another value, its least value) of each `reproduce`
+    flag that sizes a run."""
+    def width(n: int) -> dict:  # heads keep their number, head and MLP widths their ratio to the model's
+        return dict(hidden_size=n, head_dim=max(1, n * preset.head_dim // preset.hidden_size),
+                    intermediate_size=n * preset.intermediate_size // preset.hidden_size)
+
+    return [("--hidden-size", "hidden_size", preset.hidden_size, width, preset.num_attention_heads),
+            ("--layers", "layers", preset.num_hidden_layers, lambda n: dict(num_hidden_layers=n), 1),
+            ("--seq-len", "seq_len", preset.seq_len, lambda n: dict(seq_len=n), 2),
+            ("--batch-size", "batch_size", preset.batch_size, lambda n: dict(batch_size=n), 1),
+            ("--steps", "steps", preset.steps, lambda n: dict(steps=n), 1)]
+
+
+def check_training_fits(preset, runs_at_once: int, args, device: str) -> None:
+    """Refuses a `reproduce` whose runs at once (`training_bytes` each) would not fit in `device`'s memory, naming
+    the first flag that alone could make it fit (a flag given on the command line first) and the most that fits."""
+    import dataclasses
+
+    available = available_memory(device)
+    if available is None or runs_at_once * training_bytes(preset) <= available[0]:
+        return
+    sizes = sorted(_training_sizes(preset), key=lambda size: getattr(args, size[1], None) is None)
+    needed = {flag: lambda n, fields=fields: runs_at_once * training_bytes(dataclasses.replace(preset, **fields(n)))
+              for flag, _, _, fields, _ in sizes}
+    enough = [size for size in sizes if needed[size[0]](size[4]) <= available[0]]
+    flag, _, value, _, least = (enough or sizes)[0]
+    check_fits(needed[flag], value, flag, f"{runs_at_once} run(s) at once with the other sizes as given (weights, "
+               "gradients and optimizer state, documents, activations)", device, least)
+
+
 # --------------------------------------------------------------------------------------------------- analyze
 def run_analyze(args) -> int:
     from . import measure
@@ -221,9 +276,9 @@ def run_analyze(args) -> int:
     model = _load_model(args.model, args.dtype, _device(args.device))
     dtype_bytes = next(model.parameters()).element_size()
     check_fits(lambda length: forward_bytes(model.config, min(args.batch_size, args.sequences), length, dtype_bytes,
-                                            gate_logits=True, map_tokens=args.map_tokens),
-               args.length, "--length", f"one batch of {min(args.batch_size, args.sequences)} sequence(s)",
-               _device(args.device))
+                                            gate_logits=True, map_tokens=args.map_tokens, logits=bool(args.quant)),
+               args.length, "--length", f"one batch of {min(args.batch_size, args.sequences)} sequence(s)"
+               + (" and its logits (--quant)" if args.quant else ""), _device(args.device))
     inputs = Inputs(args.model, model.config.vocab_size, args.text, args.tokens)
     ids = inputs.windows(args.length, args.sequences)
     layers = model.config.num_hidden_layers
@@ -308,20 +363,14 @@ def run_reproduce(args) -> int:
         raise ValueError(f"--variants: unknown {unknown}; choose from {list(reproduce.VARIANTS)}.")
     if HELDOUT_SEED in preset.seeds:
         raise ValueError(f"--seeds {HELDOUT_SEED} draws the held-out documents; choose another seed.")
-    for variant in variants:  # a size the model refuses fails now, not in a worker
-        config = reproduce.model_config(preset, variant)
     out = dict(overwrite=args.overwrite, create_parents=True)
     check_output(args.out, **out)
     runs = sum(len(runs(preset, variants)) for runs in (reproduce.planned_runs, reproduce.mact_runs,
                                                          reproduce.long_context_runs))
     jobs = args.jobs or (1 if torch.cuda.is_available() else min(runs, os.cpu_count() or 1))
-    at_once = min(jobs, runs)
-    device_name = "cuda" if torch.cuda.is_available() else "cpu"
-    check_fits(lambda batch: at_once * 3 * forward_bytes(config, batch, preset.seq_len, 4, logits=True),
-               preset.batch_size, "--batch-size", f"one training step of {at_once} run(s) at once", device_name, least=1)
-    check_fits(lambda steps: at_once * steps * preset.batch_size * preset.seq_len * 8, preset.steps, "--steps",
-               f"the training documents of {at_once} run(s) at once (--steps x --batch-size x --seq-len tokens each)",
-               device_name, least=1)
+    check_training_fits(preset, min(jobs, runs), args, "cuda" if torch.cuda.is_available() else "cpu")
+    for variant in variants:  # a size the model refuses fails now, not in a worker
+        reproduce.model_config(preset, variant)
     device = (torch.cuda.get_device_name(0) if torch.cuda.is_available()
               else f"{os.cpu_count()} CPU cores ({reproduce.cpu_name()})")
     with output_folder(args.out, **out) as folder:
