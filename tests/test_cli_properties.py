@@ -1,28 +1,39 @@
 """Property-based: whatever flags and config.json values a user gives, every command ends with status 0, 1 or 2; on
-an error, one line (`gated-qwen: error: ...`, the last on stderr, never "unexpected", never a traceback), and a
-refusal writes nothing. Hypothesis draws the inputs (derandomized: the same examples on every run, so CI is
-reproducible); a failure it finds is a class of bad input without a clear message."""
+an error, one line (`gated-qwen: error: ...`, the last on stderr, never "unexpected", never a traceback; before it
+only progress bars), and a refusal writes nothing. `reproduce` is refused before any worker starts or not at all:
+its training is replaced by `Accepted` (see `test_reproduce_with_any_flags`).
+
+Hypothesis draws the inputs, derandomized and without an example database: the same examples on every run and
+machine. `EXPLORE=N` draws N fresh random examples per test instead, to look for the next class of bad input;
+`EXPLORE_TRAINING=1` also trains what `reproduce` accepts (2 steps, one process), to find flags refused too late.
+Each class found is fixed where it is read and pinned here with an `@example`."""
 
 import contextlib
 import io
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
 from helpers import TINY
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
+from gated_qwen.analysis import reproduce
 from gated_qwen.cli import main
+from gated_qwen.conversion.formats import TO_FORMATS
 
-SETTINGS = settings(derandomize=os.environ.get("EXPLORE") is None, deadline=None, max_examples=int(os.environ.get("EXPLORE", 12)), database=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+EXPLORE = os.environ.get("EXPLORE")
+TRAIN = bool(os.environ.get("EXPLORE_TRAINING"))
+SETTINGS = settings(derandomize=EXPLORE is None, deadline=None, max_examples=int(EXPLORE or 12), database=None,
+                    suppress_health_check=[HealthCheck.too_slow])
 
 JSON_VALUES = st.recursive(
     # Sizes stay small enough to build (one absurd one, which no allocation survives), so no example can exhaust memory.
@@ -30,7 +41,16 @@ JSON_VALUES = st.recursive(
     | st.text(max_size=12),
     lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3),
     max_leaves=6)
-FLAG_TEXT = st.one_of(st.integers(-2, 10**13).map(str), st.floats(allow_nan=True).map(str), st.text(max_size=10))
+NUMBER_TEXT = st.one_of(st.integers(-2, 10**13).map(str), st.floats(allow_nan=True).map(str))
+FLAG_TEXT = NUMBER_TEXT | st.text(max_size=10)
+# Mostly (3 in 4) sizes a tiny model runs with, so that the examples also reach the work past the parser.
+SIZE = st.integers(0, 3).flatmap(lambda kind: FLAG_TEXT if kind == 0 else st.integers(-1, 70).map(str))
+# What a progress bar draws on stderr (tqdm: "desc:  50%|#####     | 1/2 [00:01<00:01, 1.0run/s]").
+PROGRESS_BAR = re.compile(r"^[^:]*: *\d+%\|.*\| *[\d.?]+[kMG]?/[\d.?]+[kMG]? \[.*\]$")
+
+
+class Accepted(BaseException):  # not an Exception: it passes the command's error handling, as Ctrl-C does
+    """Raised where `reproduce` would start training: its flags passed every check made before any worker starts."""
 
 
 @pytest.fixture(scope="module")
@@ -48,12 +68,14 @@ def tree(root: Path) -> dict[str, bytes | str]:
             for p in sorted(root.rglob("*"))}
 
 
-def check(folders: Path, model: str, config_edit: tuple[str, object] | None, argv: list[str], output: str) -> None:
+def check(folders: Path | None, model: str | None, config_edit: tuple[str, object] | None, argv: list[str],
+          output: str) -> None:
     """Runs `gated-qwen ARGV` (MODEL and OUT in ARGV replaced by a fresh copy of the model folder with
     `config_edit` applied, and an output path beside it) and asserts the properties of the module docstring."""
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
-        shutil.copytree(folders / model, scratch / "model")
+        if model is not None:
+            shutil.copytree(folders / model, scratch / "model")
         if config_edit is not None:
             config = json.loads((scratch / "model" / "config.json").read_text())
             key, value = config_edit
@@ -70,16 +92,21 @@ def check(folders: Path, model: str, config_edit: tuple[str, object] | None, arg
                 code = main(argv)
             except SystemExit as done:  # argparse's refusals
                 code = done.code
+            except Accepted:
+                code = "accepted"
         err = err.getvalue()
-        assert code in (0, 1, 2), (argv, code, err[-2000:])
+        event(f"status {code}")  # what the examples reached: pytest --hypothesis-show-statistics
+        assert code in (0, 1, 2, "accepted"), (argv, code, err[-2000:])
         assert "Traceback" not in err and "unexpected" not in err, (argv, err[-2000:])
         if code == 0:
-            assert (scratch / output).exists() or output == "none", argv
+            assert (scratch / output).exists(), argv
             return
-        lines = err.replace("\r", "\n").splitlines()
+        assert tree(scratch) == before, argv  # nothing written on refusal (no staging folder, no parent left)
+        if code == "accepted":
+            return
+        lines = [line for line in err.replace("\r", "\n").splitlines() if line.strip()]
         assert lines and lines[-1].startswith("gated-qwen: error: "), (argv, err[-2000:])
-        assert sum(line.startswith("gated-qwen: error: ") for line in lines) == 1, (argv, err[-2000:])
-        assert tree(scratch) == before, argv  # nothing written on refusal
+        assert all(PROGRESS_BAR.match(line) for line in lines[:-1]), (argv, err[-2000:])
 
 
 DELETE = object()
@@ -91,50 +118,111 @@ def config_edits(keys: list[str]):
     return st.none() | st.tuples(st.sampled_from(keys), st.just(DELETE) | JSON_VALUES)
 
 
+def flags(drawn: dict) -> list[str]:
+    """The command-line flags of `drawn` (flag -> None for a switch, a list for several values, or one value)."""
+    argv = []
+    for flag, value in drawn.items():
+        if value is None:
+            argv.append(flag)
+        elif isinstance(value, list):
+            argv += [flag, *value]
+        else:
+            argv.append(f"{flag}={value}")  # a value that starts with "-" stays a value
+    return argv
+
+
 @SETTINGS
 @given(edit=config_edits(QWEN3_KEYS),
        add_gate=st.none() | st.sampled_from(["elementwise", "headwise", "dense", "{}", '{"gate_position": 3}', "["])
        | st.dictionaries(st.sampled_from(["gate_position", "gate_granularity", "gate_activation", "gate_layers"]),
                          JSON_VALUES, max_size=2).map(json.dumps),
-       shard=st.none() | FLAG_TEXT)
-@example(edit=("id2label", []), add_gate=None, shard=None)  # found by this test: AttributeError in Transformers
-@example(edit=("dtype", []), add_gate=None, shard=None)  # found by this test: IndexError in Transformers
-def test_convert_with_any_config_and_flags(folders, edit, add_gate, shard):
-    argv = ["convert", "MODEL", "OUT", "--from", "qwen3", "--no-verify"]
+       shard=st.none() | FLAG_TEXT, switches=st.sets(st.sampled_from(["--carry-code", "--allow-o-proj-bias"])))
+@example(edit=("id2label", []), add_gate=None, shard=None, switches=set())  # found: AttributeError in Transformers
+@example(edit=("dtype", []), add_gate=None, shard=None, switches=set())  # found: IndexError in Transformers
+def test_convert_with_any_config_and_flags(folders, edit, add_gate, shard, switches):
+    argv = ["convert", "MODEL", "OUT", "--from", "qwen3", "--no-verify", *sorted(switches)]
     argv += ["--add-gate", add_gate] if add_gate is not None else []
     argv += [f"--max-shard-size={shard}"] if shard is not None else []
     check(folders, "qwen3", edit, argv, "out")
 
 
 @SETTINGS
+@given(edit=config_edits(GATED_KEYS), to=st.sampled_from(TO_FORMATS), shard=st.none() | FLAG_TEXT,
+       switches=st.sets(st.sampled_from(["--carry-code", "--allow-o-proj-bias", "--verify"])))
+@example(edit=("return_dict", None), to="release", shard=None, switches=set())  # found: verify read a tuple
+def test_export_with_any_config_and_flags(folders, edit, to, shard, switches):
+    argv = ["convert", "MODEL", "OUT", "--to", to, *sorted(switches)]
+    argv += [f"--max-shard-size={shard}"] if shard is not None else []
+    check(folders, "gated", edit, argv, "out")
+
+
+@SETTINGS
 @given(edit=config_edits(GATED_KEYS), repo_id=st.none() | st.text(max_size=20),
-       name=st.none() | st.text(max_size=20), license=st.none() | st.text(max_size=8))
-@example(edit=("auto_map", 10**12), repo_id=None, name=None, license=None)  # found by this test
-@example(edit=("dtype", []), repo_id=None, name=None, license=None)  # found by this test
-def test_card_with_any_config_and_flags(folders, edit, repo_id, name, license):
+       name=st.none() | st.text(max_size=20), license=st.none() | st.text(max_size=8),
+       base_model=st.none() | st.text(max_size=20))
+@example(edit=("auto_map", 10**12), repo_id=None, name=None, license=None, base_model=None)  # found by this test
+@example(edit=("dtype", []), repo_id=None, name=None, license=None, base_model=None)  # found by this test
+def test_card_with_any_config_and_flags(folders, edit, repo_id, name, license, base_model):
     argv = ["card", "MODEL"]
-    for flag, value in (("--repo-id", repo_id), ("--model-name", name), ("--license", license)):
+    for flag, value in (("--repo-id", repo_id), ("--model-name", name), ("--license", license),
+                        ("--base-model", base_model)):
         argv += [f"{flag}={value}"] if value is not None else []
     check(folders, "gated", edit, argv, "model/README.md")
 
 
 @SETTINGS
-@given(edit=config_edits(GATED_KEYS), lengths=st.lists(FLAG_TEXT, min_size=1, max_size=2),
-       sequences=st.none() | FLAG_TEXT, yarn=st.none() | FLAG_TEXT)
-@example(edit=("hidden_size", 48), lengths=["8"], sequences=None, yarn=None)  # weights of another shape
-def test_eval_ppl_with_any_config_and_flags(folders, edit, lengths, sequences, yarn):
+@given(edit=config_edits(GATED_KEYS), lengths=st.lists(SIZE, min_size=1, max_size=2),
+       sequences=st.none() | SIZE, yarn=st.none() | FLAG_TEXT, batch=st.none() | SIZE)
+@example(edit=("hidden_size", 48), lengths=["8"], sequences=None, yarn=None, batch=None)  # weights of another shape
+def test_eval_ppl_with_any_config_and_flags(folders, edit, lengths, sequences, yarn, batch):
     argv = ["eval-ppl", "MODEL", "--out", "OUT", "--lengths", *lengths]
-    argv += [f"--sequences={sequences}"] if sequences is not None else []
-    argv += [f"--yarn={yarn}"] if yarn is not None else []
+    for flag, value in (("--sequences", sequences), ("--yarn", yarn), ("--batch-size", batch)):
+        argv += [f"{flag}={value}"] if value is not None else []
     check(folders, "gated", edit, argv, "rows.json")
 
 
+QUANT = st.lists(st.sampled_from(["w8a8-tensor", "w8a8-token", "w4a8", "w4a4", "all", "w2", ""]), min_size=1,
+                 max_size=3).map(",".join)
+
+
 @SETTINGS
-@given(edit=config_edits(GATED_KEYS), length=FLAG_TEXT, map_tokens=st.none() | FLAG_TEXT,
-       map_layers=st.none() | st.lists(st.integers(-3, 5).map(str), min_size=1, max_size=2))
-def test_analyze_with_any_config_and_flags(folders, edit, length, map_tokens, map_layers):
+@given(edit=config_edits(GATED_KEYS), length=SIZE, map_tokens=st.none() | SIZE,
+       map_layers=st.none() | st.lists(st.integers(-3, 5).map(str), min_size=1, max_size=2),
+       quant=st.none() | QUANT)
+@example(edit=("return_dict", False), length="8", map_tokens=None, map_layers=None, quant="w4a4")  # as above
+def test_analyze_with_any_config_and_flags(folders, edit, length, map_tokens, map_layers, quant):
     argv = ["analyze", "MODEL", "--out", "OUT", f"--length={length}"]
     argv += [f"--map-tokens={map_tokens}"] if map_tokens is not None else []
     argv += ["--map-layers", *map_layers] if map_layers is not None else []
+    argv += [f"--quant={quant}"] if quant is not None else []
     check(folders, "gated", edit, argv, "analysis")
 
+
+REPRODUCE_FLAGS = st.fixed_dictionaries({}, optional={
+    "--preset": st.sampled_from([*reproduce.PRESETS, "huge"]) | st.text(max_size=8),
+    "--variants": st.lists(st.sampled_from([*reproduce.VARIANTS, "g9", ""]), min_size=1, max_size=3).map(",".join)
+    | st.text(max_size=12),
+    "--steps": SIZE, "--hidden-size": SIZE, "--layers": SIZE, "--seq-len": SIZE, "--batch-size": SIZE,
+    "--learning-rates": st.lists(FLAG_TEXT, min_size=1, max_size=3),
+    "--seeds": st.lists(st.integers(-1, 2**32).map(str) | FLAG_TEXT, min_size=1, max_size=3),
+    "--corpus": st.sampled_from([*reproduce.CORPORA, "wiki"]) | st.text(max_size=8), "--jobs": SIZE,
+    **dict.fromkeys(["--qk-norm", "--no-clip", "--bf16", "--no-mact-model", "--no-long-context-model"], st.none()),
+})
+
+
+@SETTINGS
+@given(drawn=REPRODUCE_FLAGS)
+def test_reproduce_with_any_flags(drawn):
+    """Refused in one line, writing nothing, before any worker starts, or accepted; with `EXPLORE_TRAINING=1` what
+    is accepted is trained for 2 steps and must succeed."""
+    argv = ["reproduce", "--out", "OUT", *flags(drawn)]
+    if TRAIN:
+        check(None, None, None, [*argv, "--steps", "2", "--jobs", "1", "--no-mact-model", "--no-long-context-model"],
+              "out")
+        return
+
+    def accepted(*args, **kwargs):
+        raise Accepted
+
+    with mock.patch.object(reproduce, "run_all", accepted):
+        check(None, None, None, argv, "out")

@@ -132,7 +132,8 @@ def _load_model(path: str, dtype: str, device: str):
         raise ValueError(f"MODEL {path!r}: config.json is not a valid config ({' '.join(str(error).split())}).") from None
     config_from_dict(causal_lm.config_class, config_dict, f"the config.json of MODEL {path!r}")  # refused before loading
     try:
-        model = causal_lm.from_pretrained(path, dtype=getattr(torch, dtype), attn_implementation="sdpa")
+        model = causal_lm.from_pretrained(path, dtype=getattr(torch, dtype), attn_implementation="sdpa",
+                                          return_dict=True)  # outputs as measure reads them, whatever config.json says
     except pickle.UnpicklingError as error:
         from ..conversion.io import unpickling_reason
 

@@ -35,7 +35,7 @@ def model_logits(folder: Path, kind: str, input_ids: torch.Tensor, allow_pickle:
 
     cls = model_class(kind)
     model, info = cls.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager",
-                                      output_loading_info=True)
+                                      output_loading_info=True, return_dict=True)  # whatever config.json says
     wrong = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
     if wrong:
         raise VerificationError(f"{cls.__name__} does not load {str(folder)!r} cleanly: {wrong}. Nothing was written.")
