@@ -150,6 +150,7 @@ def test_convert_with_any_config_and_flags(folders, edit, add_gate, shard, switc
 @given(edit=config_edits(GATED_KEYS), to=st.sampled_from(TO_FORMATS), shard=st.none() | FLAG_TEXT,
        switches=st.sets(st.sampled_from(["--carry-code", "--allow-o-proj-bias", "--verify"])))
 @example(edit=("return_dict", None), to="release", shard=None, switches=set())  # found: verify read a tuple
+@example(edit=("output_hidden_states", [None]), to="release", shard=None, switches=set())  # found: a base field
 def test_export_with_any_config_and_flags(folders, edit, to, shard, switches):
     argv = ["convert", "MODEL", "OUT", "--to", to, *sorted(switches)]
     argv += [f"--max-shard-size={shard}"] if shard is not None else []
