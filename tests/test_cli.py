@@ -185,6 +185,10 @@ def test_lengths_that_do_not_fit_in_memory_are_refused_before_allocating(model64
     assert int(re.search(r"the most that fits is about --length (\d+)", err)[1]) < 0.9 * limit  # the logits too
     one_line_refusal(capsys, ["eval-ppl", str(model64), "--lengths", "8", str(10**8)],
                      f"--lengths {10**8} needs about")
+    for command in (["eval-ppl", str(model64), "--lengths", "8"], ["analyze", str(model64), "--length", "8", "--out",
+                                                                     str(tmp_path / "a")]):
+        err = one_line_refusal(capsys, [*command, "--sequences", str(10**11)], f"--sequences {10**11} needs about")
+        assert "for the held-out windows of 8 tokens" in err  # refused at once: sampling them alone takes hours
     assert not (tmp_path / "a").exists()
 
 

@@ -41,7 +41,10 @@ JSON_VALUES = st.recursive(
     | st.text(max_size=12),
     lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3),
     max_leaves=6)
-NUMBER_TEXT = st.one_of(st.integers(-2, 10**13).map(str), st.floats(allow_nan=True).map(str))
+# Numbers a run is quick with, or absurd ones that no memory holds; those between (a --length of a million) are
+# accepted and run for hours, which is what they ask for.
+NUMBER_TEXT = st.one_of(st.integers(-2, 100).map(str), st.integers(10**11, 10**13).map(str),
+                        st.floats(allow_nan=True).map(str))
 FLAG_TEXT = NUMBER_TEXT | st.text(max_size=10)
 # Mostly (3 in 4) sizes a tiny model runs with, so that the examples also reach the work past the parser.
 SIZE = st.integers(0, 3).flatmap(lambda kind: FLAG_TEXT if kind == 0 else st.integers(-1, 70).map(str))
@@ -175,6 +178,7 @@ def test_card_with_any_config_and_flags(folders, edit, repo_id, name, license, b
 @given(edit=config_edits(GATED_KEYS), lengths=st.lists(SIZE, min_size=1, max_size=2),
        sequences=st.none() | SIZE, yarn=st.none() | FLAG_TEXT, batch=st.none() | SIZE)
 @example(edit=("hidden_size", 48), lengths=["8"], sequences=None, yarn=None, batch=None)  # weights of another shape
+@example(edit=None, lengths=["8"], sequences=str(10**11), yarn=None, batch=None)  # found: windows of 24 TB sampled
 def test_eval_ppl_with_any_config_and_flags(folders, edit, lengths, sequences, yarn, batch):
     argv = ["eval-ppl", "MODEL", "--out", "OUT", "--lengths", *lengths]
     for flag, value in (("--sequences", sequences), ("--yarn", yarn), ("--batch-size", batch)):
@@ -189,10 +193,11 @@ QUANT = st.lists(st.sampled_from(["w8a8-tensor", "w8a8-token", "w4a8", "w4a4", "
 @SETTINGS
 @given(edit=config_edits(GATED_KEYS), length=SIZE, map_tokens=st.none() | SIZE,
        map_layers=st.none() | st.lists(st.integers(-3, 5).map(str), min_size=1, max_size=2),
-       quant=st.none() | QUANT)
-@example(edit=("return_dict", False), length="8", map_tokens=None, map_layers=None, quant="w4a4")  # as above
-def test_analyze_with_any_config_and_flags(folders, edit, length, map_tokens, map_layers, quant):
+       quant=st.none() | QUANT, sequences=st.none() | SIZE)
+@example(edit=("return_dict", False), length="8", map_tokens=None, map_layers=None, quant="w4a4", sequences=None)
+def test_analyze_with_any_config_and_flags(folders, edit, length, map_tokens, map_layers, quant, sequences):
     argv = ["analyze", "MODEL", "--out", "OUT", f"--length={length}"]
+    argv += [f"--sequences={sequences}"] if sequences is not None else []
     argv += [f"--map-tokens={map_tokens}"] if map_tokens is not None else []
     argv += ["--map-layers", *map_layers] if map_layers is not None else []
     argv += [f"--quant={quant}"] if quant is not None else []
