@@ -174,6 +174,9 @@ def test_tokens_files_without_rows_or_integers_are_refused(model64, tmp_path, ca
 
 def test_lengths_that_do_not_fit_in_memory_are_refused_before_allocating(model64, tmp_path, capsys):
     """Refused at once (sampling a billion tokens of the built-in corpus alone would take hours), naming the limit."""
+    import torch
+    from safetensors.torch import save_file
+
     from gated_qwen.analysis.cli import available_memory
 
     err = one_line_refusal(capsys, ["analyze", str(model64), "--length", str(10**9), "--out", str(tmp_path / "a")],
@@ -189,6 +192,9 @@ def test_lengths_that_do_not_fit_in_memory_are_refused_before_allocating(model64
                                                                      str(tmp_path / "a")]):
         err = one_line_refusal(capsys, [*command, "--sequences", str(10**11)], f"--sequences {10**11} needs about")
         assert "for the held-out windows of 8 tokens" in err  # refused at once: sampling them alone takes hours
+    save_file({"input_ids": torch.zeros(2, 8, dtype=torch.long)}, tmp_path / "two.safetensors")  # a file's rows: all
+    assert main(["eval-ppl", str(model64), "--lengths", "8", "--sequences", str(10**11), "--tokens",
+                 str(tmp_path / "two.safetensors")]) == 0
     assert not (tmp_path / "a").exists()
 
 

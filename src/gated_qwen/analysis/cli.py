@@ -212,11 +212,13 @@ def check_fits(needed: Callable[[int], int], value: int, flag: str, what: str, d
                      f"{available[0] / 2**30:.1f} GiB available ({available[1]} on this machine); {limit}.")
 
 
-def check_windows_fit(sequences: int, length: int) -> None:
-    """Refuses `--sequences` whose held-out windows of `length` tokens would not fit in the machine's memory: int64
-    tokens, with room for the built-in corpus's working copies while it samples them (4 x the windows)."""
-    check_fits(lambda count: 32 * count * length, sequences, "--sequences",
-               f"the held-out windows of {length} tokens (built whole, on the CPU)", "cpu", least=1)
+def check_windows_fit(args, length: int) -> None:
+    """Refuses `--sequences` whose held-out windows of `length` tokens, sampled from the built-in corpus, would not
+    fit in the machine's memory: int64 tokens, with room for the corpus's working copies (4 x the windows). Windows
+    of a `--text` or `--tokens` file are no more than the file holds."""
+    if not (args.text or args.tokens):
+        check_fits(lambda count: 32 * count * length, args.sequences, "--sequences",
+                   f"the held-out windows of {length} tokens (built whole, on the CPU)", "cpu", least=1)
 
 
 def training_bytes(preset) -> int:
@@ -287,7 +289,7 @@ def run_analyze(args) -> int:
                                             gate_logits=True, map_tokens=args.map_tokens, logits=bool(args.quant)),
                args.length, "--length", f"one batch of {min(args.batch_size, args.sequences)} sequence(s)"
                + (" and its logits (--quant)" if args.quant else ""), _device(args.device))
-    check_windows_fit(args.sequences, args.length)
+    check_windows_fit(args, args.length)
     inputs = Inputs(args.model, model.config.vocab_size, args.text, args.tokens)
     ids = inputs.windows(args.length, args.sequences)
     layers = model.config.num_hidden_layers
@@ -321,7 +323,7 @@ def run_eval_ppl(args) -> int:
     batch = min(args.batch_size, args.sequences)
     check_fits(lambda length: forward_bytes(model.config, batch, length, dtype_bytes, logits=True), max(args.lengths),
                "--lengths", f"one batch of {batch} sequence(s) and its logits", _device(args.device))
-    check_windows_fit(args.sequences, max(args.lengths))
+    check_windows_fit(args, max(args.lengths))
     inputs = Inputs(args.model, model.config.vocab_size, args.text, args.tokens)
     rows = perplexity_by_length(model, lambda length: inputs.windows(length, args.sequences), args.lengths,
                                 yarn_factor=args.yarn, batch_size=args.batch_size)
