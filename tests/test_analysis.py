@@ -570,6 +570,17 @@ def test_directions_verdicts_against_hand_computed_numbers():
     assert directions(results, (0.01, 0.04), [0, 1])[3]["verdict"] == "not run"
 
 
+def test_directions_of_a_g1_run_whose_activations_collapsed_to_zero():
+    """A learning rate that blows training up can leave G1's F-Attn and M-Act at 0 (found by the property test's
+    training exploration: the report ended in a ZeroDivisionError): the ratios are infinite and the verdicts hold."""
+    closed = [[0.7, 0.1, 0.1, 0.1], [0.1, 0.1, 0.1, 0.7]]
+    runs = [_run("baseline", 0, 0.45, 300.0), _run("g1-elementwise", 0, 0.0, 0.0, 0.2, closed)]
+    results = {(r["variant"], r["learning_rate"], r["seed"]): r for r in runs}
+    checks = {c["claim"].split(":")[0].split(" (")[0]: c for c in directions(results, (0.01, 0.04), [0])}
+    for claim in ("G1 elementwise removes it", "G1 elementwise lowers massive activations"):
+        assert checks[claim]["verdict"] == "yes" and checks[claim]["per_seed"][0]["numbers"]["ratio"] == math.inf
+
+
 def _long_run(variant, seed, recall, recall_yarn, ppl_yarn_8x):
     """A long-context `train_and_measure` result with what `directions` reads: recall accuracy without / with YaRN
     at 1, 2, 4 and 8 times 32 tokens, and the perplexity with YaRN at 8 x."""

@@ -217,7 +217,8 @@ def directions(results: Results, learning_rates: tuple[float, float], seeds: lis
             if base is None or g1 is None:
                 return None, {}
             b, g = base["analysis"]["summary"]["max_activation"], g1["analysis"]["summary"]["max_activation"]
-            return b >= MASSIVE_ACTIVATION_RATIO * g, {"baseline": b, "g1-elementwise": g, "ratio": b / g}
+            return b >= MASSIVE_ACTIVATION_RATIO * g, {"baseline": b, "g1-elementwise": g,
+                                                       "ratio": b / g if g > 0 else math.inf}
         return evaluate
 
     def lower(key, lr):
