@@ -129,3 +129,40 @@ def test_killing_the_parent_ends_the_workers_and_nothing_comes_back_after_clean(
     assert not staging.exists()
     time.sleep(2)  # a worker that lived on would save its model into the staging folder again
     assert sorted(p.name for p in tmp_path.iterdir()) == ["scratch"] and run.trainer_scratch() == []
+
+
+def waits_on_a_lock(lock) -> None:  # a spawned worker whose main thread then waits in C, as on the pool's task queue
+    from gated_qwen.analysis.workers import worker_started
+
+    worker_started(os.getppid(), {})
+    lock.acquire()
+
+
+def test_a_worker_waiting_in_c_ends_on_sigterm_whichever_thread_it_lands_on(tmp_path):
+    """A stopping pool holds its task queue's lock and terminates the workers, whose main thread may be waiting for
+    that lock: SIGTERM sent to another of the worker's threads (Linux picks the thread the id names) must end it too
+    (a handler in Python would wait for the main thread forever; the suite once hung there)."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    lock = context.Lock()
+    lock.acquire()
+    worker = context.Process(target=waits_on_a_lock, args=(lock,))
+    worker.start()
+    try:
+        deadline = time.monotonic() + 120
+        while len(os.listdir(f"/proc/{worker.pid}/task")) < 2 or not waiting_in_c(worker.pid):
+            assert time.monotonic() < deadline and worker.is_alive()
+            time.sleep(0.1)
+        (other,) = [int(t) for t in os.listdir(f"/proc/{worker.pid}/task") if int(t) != worker.pid][:1]
+        os.kill(other, signal.SIGTERM)
+        worker.join(timeout=10)
+        assert worker.exitcode == 1  # ended by the worker's own handler, quietly
+    finally:
+        if worker.is_alive():
+            worker.kill()
+            worker.join()
+
+
+def waiting_in_c(pid: int) -> bool:
+    return Path(f"/proc/{pid}/wchan").read_text() in ("futex_wait_queue", "futex_do_wait", "futex_wait")

@@ -21,7 +21,7 @@ IMPORT_NOISE = ("torchao", "torch.utils._pytree")
 
 
 def quiet_import_noise() -> None:
-    """The `IMPORT_NOISE` loggers' warnings off in this process (the command and each of `reproduce`'s workers)."""
+    """The `IMPORT_NOISE` loggers' warnings off in this process (reproduce's workers take the command's levels)."""
     for name in IMPORT_NOISE:
         logging.getLogger(name).setLevel(logging.ERROR)
 

@@ -3,38 +3,68 @@ imports the model stack, which takes seconds).
 
 A worker ignores Ctrl-C (the parent handles it and stops the workers), ends quietly when terminated (SIGTERM, how the
 parent stops them), and ends within 0.2 s once its parent is gone (killed), from its first moment on; each time it
-removes the scratch folders it registered in `SCRATCH` first. A worker writes nothing into the output: it hands its
+removes the scratch folders it registered in `SCRATCH` first; once its parent is gone it prints nothing (a result
+it was handing back meets a closed pipe, and the terminal is the user's again). It logs as its parent does (the
+levels the command set, e.g. the import warnings it silenced). A worker writes nothing into the output: it hands its
 results back to the parent, which alone writes.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
+import sys
 import threading
-import time
 
 SCRATCH: set[str] = set()  # this process's scratch folders (the Trainer's), removed however the worker ends
 
 
-def end_worker(*_) -> None:
+def end_worker() -> None:
     for folder in list(SCRATCH):
         shutil.rmtree(folder, ignore_errors=True)
     os._exit(1)
 
 
-def worker_started(parent: int) -> None:
-    """The pool's initializer: see the module docstring (`parent`: the parent's process id)."""
-    from ..cli import quiet_import_noise  # the standard library only, too
+class _WhileParentLives:
+    """A worker's stderr: written while the parent lives, dropped once it is gone."""
 
-    quiet_import_noise()
+    def __init__(self, stream, parent: int):
+        self.stream, self.parent = stream, parent
+
+    def write(self, text: str) -> int:
+        return self.stream.write(text) if os.getppid() == self.parent else len(text)
+
+    def flush(self) -> None:
+        if os.getppid() == self.parent:
+            self.stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+def logging_levels() -> dict[str, int]:
+    """The levels this process has set on its loggers, for `worker_started` (a spawned process starts with none)."""
+    return {name: logger.level for name, logger in logging.Logger.manager.loggerDict.items()
+            if isinstance(logger, logging.Logger) and logger.level != logging.NOTSET}
+
+
+def worker_started(parent: int, levels: dict[str, int]) -> None:
+    """The pool's initializer: see the module docstring (`parent`: the parent's process id, `levels`: its
+    `logging_levels()`)."""
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
+    sys.stderr = _WhileParentLives(sys.stderr, parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, end_worker)
+    # SIGTERM is blocked in this thread and so in every thread started after it, and taken by the watcher below: a
+    # Python handler runs only in the main thread, between bytecodes, and the signal may land on any thread, so a
+    # worker whose main thread waits in C (on the task queue's lock, which a stopping pool holds) would never end.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 
-    def watch_parent() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.2)
+    def watch() -> None:
+        while os.getppid() == parent and signal.sigtimedwait({signal.SIGTERM}, 0.2) is None:
+            pass
         end_worker()
 
-    threading.Thread(target=watch_parent, name="gated-qwen-parent-watch", daemon=True).start()
+    threading.Thread(target=watch, name="gated-qwen-worker-watch", daemon=True).start()
