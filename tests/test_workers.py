@@ -134,7 +134,7 @@ def test_killing_the_parent_ends_the_workers_and_nothing_comes_back_after_clean(
 def waits_on_a_lock(lock) -> None:  # a spawned worker whose main thread then waits in C, as on the pool's task queue
     from gated_qwen.analysis.workers import worker_started
 
-    worker_started(os.getppid(), {})
+    worker_started(os.getppid())
     lock.acquire()
 
 

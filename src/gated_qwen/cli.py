@@ -9,21 +9,12 @@ or 1 (a conversion's verification failed; nothing was written). Set `GATED_QWEN_
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 
+from .import_noise import quiet_import_noise
+
 REFUSED = 2  # a bad input, flag or destination (argparse uses 2 for bad flags too)
-# Loggers of libraries that Transformers imports whenever they are installed (the `quant` extra's torchao) and that
-# warn at import time about nothing a user of the command can act on: torchao's C extensions built for another torch,
-# torch's pytree on torchao's Enum registrations. Their errors still show.
-IMPORT_NOISE = ("torchao", "torch.utils._pytree")
-
-
-def quiet_import_noise() -> None:
-    """The `IMPORT_NOISE` loggers' warnings off in this process (reproduce's workers take the command's levels)."""
-    for name in IMPORT_NOISE:
-        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 class Parser(argparse.ArgumentParser):

@@ -41,7 +41,7 @@ from .data import CORPORA, HELDOUT_SEED, BigramBackcopy, KeyValueRecall, Synthet
 from .measure import analyze, first_token_attention_per_query, mean_nll, perplexity_by_length
 from .plots import moving_average
 from .quantize import SCHEMES, perplexity_under_quantization
-from .workers import SCRATCH, logging_levels, worker_started
+from .workers import SCRATCH, worker_started
 
 VARIANTS: dict[str, dict] = {
     "baseline": {"gate_position": None},
@@ -392,7 +392,7 @@ def run_all(preset: Preset, variants: list[str], models_dir: Path | None, jobs: 
             main_thread = threading.current_thread() is threading.main_thread()
             previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
             try:
-                pool = context.Pool(jobs, initializer=worker_started, initargs=(os.getpid(), logging_levels()))
+                pool = context.Pool(jobs, initializer=worker_started, initargs=(os.getpid(),))
             finally:
                 if main_thread:
                     signal.signal(signal.SIGINT, previous)

@@ -4,14 +4,13 @@ imports the model stack, which takes seconds).
 A worker ignores Ctrl-C (the parent handles it and stops the workers), ends quietly when terminated (SIGTERM, how the
 parent stops them), and ends within 0.2 s once its parent is gone (killed), from its first moment on; each time it
 removes the scratch folders it registered in `SCRATCH` first; once its parent is gone it prints nothing (a result
-it was handing back meets a closed pipe, and the terminal is the user's again). It logs as its parent does (the
-levels the command set, e.g. the import warnings it silenced). A worker writes nothing into the output: it hands its
-results back to the parent, which alone writes.
+it was handing back meets a closed pipe, and the terminal is the user's again). It turns off the import warnings the
+command turns off (`import_noise`). A worker writes nothing into the output: it hands its results back to the
+parent, which alone writes.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import signal
@@ -44,17 +43,11 @@ class _WhileParentLives:
         return getattr(self.stream, name)
 
 
-def logging_levels() -> dict[str, int]:
-    """The levels this process has set on its loggers, for `worker_started` (a spawned process starts with none)."""
-    return {name: logger.level for name, logger in logging.Logger.manager.loggerDict.items()
-            if isinstance(logger, logging.Logger) and logger.level != logging.NOTSET}
+def worker_started(parent: int) -> None:
+    """The pool's initializer: see the module docstring (`parent`: the parent's process id)."""
+    from ..import_noise import quiet_import_noise
 
-
-def worker_started(parent: int, levels: dict[str, int]) -> None:
-    """The pool's initializer: see the module docstring (`parent`: the parent's process id, `levels`: its
-    `logging_levels()`)."""
-    for name, level in levels.items():
-        logging.getLogger(name).setLevel(level)
+    quiet_import_noise()
     sys.stderr = _WhileParentLives(sys.stderr, parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # SIGTERM is blocked in this thread and so in every thread started after it, and taken by the watcher below: a
