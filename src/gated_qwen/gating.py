@@ -160,8 +160,9 @@ class GatedQwenGate(nn.Module):
     memory.
 
     The attention module calls `logits = gate(x)` once (`x`: its input, `[B, S, hidden]`) and then
-    `y = gate.apply(position, y, logits)` at every place a gate can act; `apply` changes `y` only at this gate's
-    position. A backend that fuses the G1 sigmoid product (`fusable`) receives the logits instead. `forward`'s
+    `y = gate.apply_at(position, y, logits)` at every place a gate can act; `apply_at` changes `y` only at this gate's
+    position (not `apply`: that is `nn.Module.apply(fn)`, which DeepSpeed and initialisation code call on every
+    module). A backend that fuses the G1 sigmoid product (`fusable`) receives the logits instead. `forward`'s
     output is what `output_gate_logits=True` records; `scores(x) = act(gate(x))` are what the paper measures.
     """
 
@@ -196,7 +197,7 @@ class GatedQwenGate(nn.Module):
         logits = self(hidden_states)
         return None if logits is None else self.activation(logits)
 
-    def apply(self, position: str, y: torch.Tensor, logits: torch.Tensor | None) -> torch.Tensor:
+    def apply_at(self, position: str, y: torch.Tensor, logits: torch.Tensor | None) -> torch.Tensor:
         """`y` at `position`: `[B, S, heads_y, head_dim]` for a head position, `[B, S, hidden]` for "dense" ->
         `combine(y, act(logits))` if the gate acts there (the control's transform at "sdpa" without a gate), else
         `y` itself."""

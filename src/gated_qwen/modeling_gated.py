@@ -101,9 +101,9 @@ class GatedQwenAttention(Qwen3Attention):
         hidden_shape = (*input_shape, -1, self.head_dim)
         gate_logits = self.gate(hidden_states)
 
-        query_states = self.gate.apply("query", self.q_proj(hidden_states).view(hidden_shape), gate_logits)
-        key_states = self.gate.apply("key", self.k_proj(hidden_states).view(hidden_shape), gate_logits)
-        value_states = self.gate.apply("value", self.v_proj(hidden_states).view(hidden_shape), gate_logits)
+        query_states = self.gate.apply_at("query", self.q_proj(hidden_states).view(hidden_shape), gate_logits)
+        key_states = self.gate.apply_at("key", self.k_proj(hidden_states).view(hidden_shape), gate_logits)
+        value_states = self.gate.apply_at("value", self.v_proj(hidden_states).view(hidden_shape), gate_logits)
         query_states = self.q_norm(query_states).transpose(1, 2)
         key_states = self.k_norm(key_states).transpose(1, 2)
         value_states = value_states.transpose(1, 2)
@@ -135,10 +135,10 @@ class GatedQwenAttention(Qwen3Attention):
         if not fused:
             # The attention interface promises only an output that reshapes to `[*input_shape, -1]`: Transformers'
             # backends return `[B, S, H, D]`, vLLM's `[tokens, H * D]`. The gate acts per head: `[*input_shape, H, D]`.
-            attn_output = self.gate.apply("sdpa", attn_output.reshape(hidden_shape), gate_logits)
+            attn_output = self.gate.apply_at("sdpa", attn_output.reshape(hidden_shape), gate_logits)
 
         attn_output = self.o_proj(attn_output.reshape(*input_shape, -1).contiguous())
-        attn_output = self.gate.apply("dense", attn_output, gate_logits)
+        attn_output = self.gate.apply_at("dense", attn_output, gate_logits)
         return attn_output, attn_weights
 
 

@@ -97,13 +97,13 @@ class GatedQwenVllmAttention(Qwen3Attention):
         qkv, _ = self.qkv_proj(hidden_states)
         q, k, v = (x.view(tokens, -1, self.head_dim)
                    for x in qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1))
-        q = self.q_norm(gate.apply("query", q, logits)).reshape(tokens, -1)
-        k = self.k_norm(gate.apply("key", k, logits)).reshape(tokens, -1)
-        v = gate.apply("value", v, logits).reshape(tokens, -1)
+        q = self.q_norm(gate.apply_at("query", q, logits)).reshape(tokens, -1)
+        k = self.k_norm(gate.apply_at("key", k, logits)).reshape(tokens, -1)
+        v = gate.apply_at("value", v, logits).reshape(tokens, -1)
         q, k = self.rotary_emb(positions, q, k)
         attn_output = self.attn(q, k, v).view(tokens, -1, self.head_dim)
-        output, _ = self.o_proj(gate.apply("sdpa", attn_output, logits).reshape(tokens, -1))
-        return gate.apply("dense", output, logits)
+        output, _ = self.o_proj(gate.apply_at("sdpa", attn_output, logits).reshape(tokens, -1))
+        return gate.apply_at("dense", output, logits)
 
 
 class GatedQwenVllmDecoderLayer(nn.Module):
