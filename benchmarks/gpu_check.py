@@ -204,9 +204,8 @@ def record(problem: Problem, device) -> list:
     sys.path.insert(0, str(TESTS))
     import kernel_aot
 
-    from gated_qwen.gated_attention_backward import backward
-    from gated_qwen.gated_attention_decode import decode_forward
-    from gated_qwen.gated_attention_forward import forward
+    from gated_qwen.kernel.decoding import decode_forward
+    from gated_qwen.kernel.parallel import backward, forward
 
     q, k, v, gate, dy, kwargs = build(problem, device, seed=None)
     max_q, max_k = max_lengths(q, k, kwargs)
@@ -231,7 +230,7 @@ def _warm_up(job) -> str | None:
     sys.path.insert(0, str(TESTS))
     import kernel_aot
 
-    from gated_qwen.gated_attention_common import config_entry
+    from gated_qwen.kernel.tuning import config_entry
 
     try:
         launch = record(problem, "cuda")[index]
@@ -257,7 +256,7 @@ def compile_ahead(problems: list[Problem], jobs: int, seconds: float) -> dict:
     sys.path.insert(0, str(TESTS))
     import kernel_aot
 
-    from gated_qwen.gated_attention_common import config_entry
+    from gated_qwen.kernel.tuning import config_entry
 
     started = time.perf_counter()
     major, minor = torch.cuda.get_device_capability()
@@ -294,8 +293,7 @@ def compile_ahead(problems: list[Problem], jobs: int, seconds: float) -> dict:
 
 def check(problem: Problem, device: str) -> dict:
 
-    from gated_qwen.gated_attention import gated_attention
-    from gated_qwen.gated_attention_naive import naive_gated_attention
+    from gated_qwen.kernel import gated_attention, naive_gated_attention
 
     q, k, v, gate, dy, kwargs = build(problem, device)
     inputs = [t for t in (q, k, v, gate) if t is not None]
@@ -380,7 +378,7 @@ def measure_throughput(problem: Problem, device: str) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from gated_qwen.gated_attention import gated_attention
+    from gated_qwen.kernel import gated_attention
 
     try:
         from flash_attn import flash_attn_func
@@ -662,7 +660,7 @@ def main(argv=None) -> int:
     except ImportError:
         print("gpu_check.py: error: Triton is not installed (pip install -e '.[triton]')", file=sys.stderr)
         return 2
-    from gated_qwen.gated_attention import triton_available
+    from gated_qwen.kernel import triton_available
 
     if not triton_available():
         print("gpu_check.py: error: the Triton kernel cannot run here (TRITON_INTERPRET was set too late?)",

@@ -118,13 +118,11 @@ class Launch:
 def kernel_objects():
     """{name: module-level kernel object} of the gated-attention kernels (imported lazily: TRITON_INTERPRET must be
     unset and the cache directory chosen first)."""
-    from gated_qwen import gated_attention_backward as bwd
-    from gated_qwen import gated_attention_decode as dec
-    from gated_qwen import gated_attention_forward as fwd
+    from gated_qwen.kernel import decoding, parallel
 
-    return {"forward": fwd.gated_attention_forward_kernel, "preprocess": bwd.preprocess_kernel,
-            "dkdv": bwd.dkdv_kernel, "dq": bwd.dq_kernel, "decode_split": dec.split_kernel,
-            "decode_combine": dec.combine_kernel}
+    return {"forward": parallel.forward_kernel, "preprocess": parallel.preprocess_kernel,
+            "dkdv": parallel.dkdv_kernel, "dq": parallel.dq_kernel, "decode_split": decoding.split_kernel,
+            "decode_combine": decoding.combine_kernel}
 
 
 def unwrap(kernel):
@@ -189,9 +187,8 @@ def meta_inputs(case: Case, batch=2, seqlen=256, heads=8, kv_heads=2):
 
 def record_case(case: Case) -> list[Launch]:
     """Every kernel launch the module's launchers make for `case` (forward and/or backward)."""
-    from gated_qwen.gated_attention_backward import backward
-    from gated_qwen.gated_attention_decode import decode_forward
-    from gated_qwen.gated_attention_forward import forward
+    from gated_qwen.kernel.decoding import decode_forward
+    from gated_qwen.kernel.parallel import backward, forward
 
     q, k, v, gate, cu_q, cu_k, max_q, max_k = meta_inputs(case)
     launches = []
@@ -211,17 +208,17 @@ def record_case(case: Case) -> list[Launch]:
 
 def tuner_configs(launch: Launch, arch: int) -> list:
     """The configurations the autotuner would try on `arch` for this launch ([None] for a fixed launch)."""
-    from gated_qwen import gated_attention_common as common
+    from gated_qwen.kernel import tuning
 
     if launch.tuner is None:
         return [None]
-    original = common.device_capability
-    common.device_capability = lambda tensor: (arch // 10, arch % 10)
+    original = tuning.device_capability
+    tuning.device_capability = lambda tensor: (arch // 10, arch % 10)
     try:
         launch.tuner.nargs = dict(zip(launch.tuner.arg_names, launch.args))
         return list(launch.tuner.prune_configs(dict(launch.kwargs)))
     finally:
-        common.device_capability = original
+        tuning.device_capability = original
         launch.tuner.nargs = None
 
 
@@ -323,7 +320,7 @@ class Job:
 
 
 def run_job(job: Job) -> dict:
-    from gated_qwen.gated_attention_common import config_entry
+    from gated_qwen.kernel.tuning import config_entry
 
     if job.anchor is not None:
         return run_anchor_job(job)
@@ -342,7 +339,7 @@ def run_job(job: Job) -> dict:
 
 def plan_jobs(cases: list[Case], archs: list[int]) -> list[Job]:
     """One job per distinct compilation (launches that bind identically are compiled once)."""
-    from gated_qwen.gated_attention_common import config_entry
+    from gated_qwen.kernel.tuning import config_entry
 
     jobs, seen = [], set()
     for case in cases:

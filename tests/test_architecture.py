@@ -90,32 +90,64 @@ def test_transformers_reverse_loading_mapping_check(tmp_path, model_class, confi
     assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
 
 
-SHIPPED = {"configuration_gated.py", "modeling_gated.py", "gating.py", "transformers_compat.py", "gated_attention.py",
-           "gated_attention_backend.py", "gated_attention_backward.py", "gated_attention_common.py",
-           "gated_attention_decode.py", "gated_attention_forward.py", "gated_attention_naive.py",
-           "gated_attention_prologue.py", "gated_attention_selfcheck.py"}
+# What a saved folder ships: the config, the gate, the model and the Transformers version seam (a mixture of experts
+# adds its modeling file), as a Transformers model folder holds its configuration and modeling files. The fused
+# kernel stays in the package (`gated_qwen.kernel`), so a kernel fix reaches every saved folder where it is installed.
+SHIPPED = {"configuration_gated.py", "gating.py", "modeling_gated.py", "transformers_compat.py"}
+# The package's names the shipped files may use, each imported only inside `try` (Transformers' remote-code import
+# check skips those, so a folder loads without the package).
+SHIPPED_PACKAGE_IMPORTS = {"gated_qwen.gated_attention_backend"}
+# What the package adds to the shipped classes when it is imported (`gated_qwen.register`), never their own code.
+PACKAGE_HOOKS = {"from_pretrained", "push_to_hub", "checkpoint_reader", "hub_push"}
 
 
 @pytest.mark.parametrize("model_class, config", [
     (GatedQwenForCausalLM, GatedQwenConfig(**TINY)),
     (GatedQwenMoeForCausalLM, GatedQwenMoeConfig(**sizes(SMALL, **TINY_MOE))),
 ], ids=["dense", "mixture of experts"])
-def test_a_saved_folder_ships_only_the_code_a_saved_model_runs(tmp_path, model_class, config):
-    """The configuration, the model, the gate and the attention kernel with its backend; no reader of other
-    checkpoint formats, no command line, nothing that imports from outside the folder."""
+def test_a_saved_folder_ships_the_model_and_not_the_package(tmp_path, model_class, config):
+    """The configuration, the gate, the model and the version seam, at most 5 Python files and 1,600 lines for the
+    dense model: no kernel, no reader of other checkpoint formats, no command line, no package hook; nothing that
+    imports from outside the folder except the package's fused kernel, behind a `try` that Transformers' remote-code
+    import check leaves out."""
+    from transformers.dynamic_module_utils import get_imports
+
     model_class(config).save_pretrained(tmp_path)
     shipped = {path.name for path in tmp_path.glob("*.py")}
     moe = {"modeling_gated_moe.py"} if model_class is GatedQwenMoeForCausalLM else set()
     assert shipped == SHIPPED | moe
+    if not moe:
+        assert len(shipped) <= 5 and sum(len(p.read_text().splitlines()) for p in tmp_path.glob("*.py")) <= 1600
     for path in tmp_path.glob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        guarded = {id(node) for block in ast.walk(tree) if isinstance(block, ast.Try) for node in ast.walk(block)}
+        for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.level:
                 assert node.module and f"{node.module}.py" in shipped, (path.name, node.module)
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module or ""]
-                assert not any(name.startswith("gated_qwen") for name in names), (path.name, names)
+                ours = [name for name in names if name.split(".")[0] == "gated_qwen"]
+                assert not ours or id(node) in guarded and set(ours) <= SHIPPED_PACKAGE_IMPORTS, (path.name, ours)
+            if isinstance(node, (ast.FunctionDef, ast.Name, ast.Attribute)):
+                name = getattr(node, "name", None) or getattr(node, "id", None) or getattr(node, "attr", None)
+                assert name not in PACKAGE_HOOKS, (path.name, name, node.lineno)
+        assert "gated_qwen" not in get_imports(path), path.name  # what trust_remote_code demands to be installed
     auto_map = json.loads((tmp_path / "config.json").read_text())["auto_map"]
     assert {ref.split(".")[0] + ".py" for ref in auto_map.values()} <= shipped
+
+
+def test_the_package_gives_the_shipped_classes_its_kernel_reader_and_push():
+    """The shipped modeling file found the package's kernel; `register` attached the reader and the push to the
+    shipped bases (the mixture of experts inherits them)."""
+    from gated_qwen import gated_attention_backend, hub
+    from gated_qwen.conversion import loading
+
+    assert modeling_gated.gated_triton_is_default is gated_attention_backend.gated_triton_is_default
+    base = modeling_gated.GatedQwenPreTrainedModel
+    assert base.push_to_hub is hub.model_push_to_hub
+    assert base.from_pretrained.__func__.__module__ == loading.__name__
+    assert GatedQwenConfig.get_config_dict.__func__.__module__ == loading.__name__
+    assert GatedQwenMoeForCausalLM.from_pretrained.__func__ is base.from_pretrained.__func__
 
 
 def _imports(path: Path, module: str) -> set[str]:

@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-from gated_qwen.gated_attention_common import allowed_entries
+from gated_qwen.kernel.tuning import allowed_entries
 
 SCRIPT = Path(__file__).resolve().parent / "kernel_aot.py"
 SHARED_LIMIT = {80: 166_912, 90: 232_448}
@@ -91,16 +91,16 @@ def test_each_triton_tries_the_entries_its_compiler_does_not_spill(monkeypatch, 
     head dim 64, 3.5.1 also in a sm_90 dK/dV tile: below 3.9, 3.7 and 3.6 the tuner tries the replacement lists for
     those, an older Triton inherits the newer ones', and everything else tries the main space (the AOT grids check
     the lists under 3.7.1 in `make test` and under 3.6.0 in `make test-compat`)."""
-    from gated_qwen import gated_attention_common as common
+    from gated_qwen.kernel import tuning
 
-    monkeypatch.setattr(common, "TRITON_VERSION", installed)
+    monkeypatch.setattr(tuning, "TRITON_VERSION", installed)
     capabilities = {"sm90": (9, 0), "sm80": (8, 0), "small": (8, 6)}
-    for kernel, families in common.TUNING_SPACE.items():
+    for kernel, families in tuning.TUNING_SPACE.items():
         for family, classes in families.items():
             for head_dims, entries in classes.items():
                 key = (kernel, family, head_dims)
-                expected = common.TUNING_SPACE_BEFORE_TRITON[replaced[key]][key] if key in replaced else entries
-                assert common.allowed_entries(kernel, capabilities[family], head_dims) == expected, key
-    assert (128, 128, 8, 3) in common.TUNING_SPACE["forward"]["sm80"][64]
-    assert (128, 128, 8, 3) not in common.TUNING_SPACE_BEFORE_TRITON[3, 7]["forward", "sm80", 64]
-    assert (64, 64, 8, 2) not in common.TUNING_SPACE_BEFORE_TRITON[3, 6]["backward_dkdv", "sm90", 128]
+                expected = tuning.TUNING_SPACE_BEFORE_TRITON[replaced[key]][key] if key in replaced else entries
+                assert tuning.allowed_entries(kernel, capabilities[family], head_dims) == expected, key
+    assert (128, 128, 8, 3) in tuning.TUNING_SPACE["forward"]["sm80"][64]
+    assert (128, 128, 8, 3) not in tuning.TUNING_SPACE_BEFORE_TRITON[3, 7]["forward", "sm80", 64]
+    assert (64, 64, 8, 2) not in tuning.TUNING_SPACE_BEFORE_TRITON[3, 6]["backward_dkdv", "sm90", 128]

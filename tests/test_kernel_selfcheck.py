@@ -12,11 +12,11 @@ pytest.importorskip("triton")
 
 from helpers import KernelLaunch, kernel_launches
 
-from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, gated_attention_backend
-from gated_qwen import gated_attention as tga
-from gated_qwen.gated_attention_selfcheck import LAYOUTS, Combination, combination_of, self_check
+from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, gated_attention_backend, kernel
+from gated_qwen.kernel import inputs, parallel
+from gated_qwen.kernel.selfcheck import LAYOUTS, Combination, combination_of, self_check
 
-if not tga.triton_available():
+if not kernel.triton_available():
     pytest.skip("no CUDA device and TRITON_INTERPRET was not set before import", allow_module_level=True)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -84,7 +84,7 @@ def kernel_calls():
 def break_forward(monkeypatch, how="wrong"):
     """A deliberately broken kernel: the forward launcher returns outputs 10% too large, or raises as a failed
     compilation would."""
-    original = tga.forward
+    original = parallel.forward
 
     def broken(*args):
         if how == "raise":
@@ -92,7 +92,7 @@ def break_forward(monkeypatch, how="wrong"):
         out, lse = original(*args)
         return out * 1.1, lse
 
-    monkeypatch.setattr(tga, "forward", broken)
+    monkeypatch.setattr(parallel, "forward", broken)
 
 
 def self_check_warnings(caplog):
@@ -123,13 +123,13 @@ def test_broken_kernel_falls_back_to_sdpa_and_warns_once(monkeypatch, caplog, fr
 def test_a_failing_combination_does_not_disable_the_others(monkeypatch, caplog, fresh_verdicts, kernel_calls):
     """Only the decode kernel is broken: prefill keeps the fused kernel, the decode steps fall back, and the tokens
     equal sdpa's."""
-    original = tga.decode_forward
+    original = parallel.decode_forward
 
     def broken_decode(*args):
         out, lse = original(*args)
         return out * 0.5, lse
 
-    monkeypatch.setattr(tga, "decode_forward", broken_decode)
+    monkeypatch.setattr(parallel, "decode_forward", broken_decode)
     sdpa, fused = model_pair(seed=3)
     input_ids = ids(batch=2, length=10, seed=4)
     kwargs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "max_new_tokens": 5,
@@ -176,13 +176,13 @@ def test_self_check_passes_the_working_kernel_and_catches_a_wrong_gradient(monke
     """Every layout's check problem runs and matches; a kernel whose dq alone is 1% off is caught by name."""
     combo = Combination(DEVICE, DTYPE, 64, "elementwise", True, layout)
     assert self_check(combo) is None
-    original = tga.backward
+    original = parallel.backward
 
     def dq_off(*args):
         dq, dk, dv, dg = original(*args)
         return dq * 1.01, dk, dv, dg
 
-    monkeypatch.setattr(tga, "backward", dq_off)
+    monkeypatch.setattr(parallel, "backward", dq_off)
     failure = self_check(combo)
     assert failure is not None and failure.startswith("dq error") and "dk" not in failure
 
@@ -217,12 +217,12 @@ def test_compiled_model_uses_the_verdicts_of_eager_calls(monkeypatch, fresh_verd
 def test_fp32_on_a_gpu_is_refused_with_the_dtypes_to_use_and_runs_sdpa(monkeypatch, caplog, kernel_calls):
     """The kernels are compiled for 16-bit tensor cores only: fp32 inputs on a GPU get a reason naming bf16/fp16 and
     the backend runs SDPA + gate (simulated here: the tensors count as on a GPU, the interpreter as absent)."""
-    monkeypatch.setattr(tga, "_on_gpu", lambda t: True)
-    monkeypatch.setattr(tga, "INTERPRET", False)
+    monkeypatch.setattr(inputs, "_on_gpu", lambda t: True)
+    monkeypatch.setattr(inputs, "INTERPRET", False)
     q = torch.randn(1, 8, 2, 64)
-    reason = tga.gated_attention_unsupported_reason(q, q, q)
+    reason = inputs.gated_attention_unsupported_reason(q, q, q)
     assert "fp32" in reason and "torch.bfloat16" in reason and "torch.float16" in reason
-    assert tga.gated_attention_unsupported_reason(q.half(), q.half(), q.half()) is None
+    assert inputs.gated_attention_unsupported_reason(q.half(), q.half(), q.half()) is None
     sdpa, fused = model_pair()
     with caplog.at_level(logging.WARNING, logger=gated_attention_backend.logger.name):
         assert_same_as_sdpa(sdpa, fused, ids())

@@ -434,6 +434,24 @@ with torch.no_grad():
     assert torch.equal(base(expected["ids"]).last_hidden_state, expected["hidden"])
 classifier = AutoModelForSequenceClassification.from_pretrained(path, trust_remote_code=True)
 assert type(classifier).__name__ == "GatedQwenForSequenceClassification"
+# Without the package on a CUDA machine (simulated): SDPA + the gate, and one warning naming it and the fused kernel's
+# package; the fused kernel asked for by name is refused with the same hint.
+from transformers.utils import logging as hf_logging
+torch.cuda.is_available = lambda: True
+records = []
+handler = __import__("logging").Handler()
+handler.emit = records.append
+hf_logging.get_logger("transformers_modules").addHandler(handler)
+on_gpu = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)
+assert on_gpu.config._attn_implementation == "sdpa", on_gpu.config._attn_implementation
+hints = [r.getMessage() for r in records if "gated-qwen[triton]" in r.getMessage()]
+assert len(hints) == 1 and "'sdpa'" in hints[0] and "separate sigmoid gate" in hints[0], hints
+try:
+    AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True, attn_implementation="gated_triton")
+except ValueError as error:
+    assert "pip install 'gated-qwen[triton]'" in str(error), error
+else:
+    raise AssertionError("gated_triton was not refused")
 print("remote code ok")
 """
 

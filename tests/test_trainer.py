@@ -115,7 +115,7 @@ def test_padding_free_batch_gives_the_padded_loss_and_gradients(attn, gate):
 def test_padding_free_batch_through_the_triton_kernel(gate):
     """DataCollatorWithFlattening's packed batch reaches the fused kernel's varlen path (float32, interpreter): the
     kernel runs in every layer (the backend's SDPA fallback would give the padded loss too)."""
-    from gated_qwen.gated_attention import triton_available
+    from gated_qwen.kernel import triton_available
 
     if not triton_available():
         pytest.skip("Triton is not installed, or runs neither on a GPU nor under TRITON_INTERPRET=1")

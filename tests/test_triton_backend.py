@@ -18,10 +18,9 @@ pytest.importorskip("triton")
 from helpers import KernelLaunch, kernel_launches
 from transformers import DataCollatorWithFlattening
 
-from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, gated_attention_backend
-from gated_qwen import gated_attention as tga
+from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, gated_attention_backend, kernel
 
-if not tga.triton_available():
+if not kernel.triton_available():
     pytest.skip("no CUDA device and TRITON_INTERPRET was not set before import", allow_module_level=True)
 
 VOCAB = 101
@@ -198,9 +197,44 @@ def test_clear_errors():
         fused(input_ids=ids(), attention_mask=torch.zeros(2, 1, 24, 24))
 
 
-def test_saved_folder_carries_the_kernel_files(tmp_path):
-    _, fused = model_pair()
-    fused.save_pretrained(tmp_path)
-    names = {p.name for p in tmp_path.iterdir()}
-    assert {"modeling_gated.py", "gated_attention_backend.py", "gated_attention.py",
-            "gated_attention_naive.py"} <= names
+SAVED_FOLDER_DISPATCH = r"""
+import sys, torch
+from helpers import kernel_launches
+from transformers import AutoModelForCausalLM
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+torch.cuda.is_available = lambda: True  # the dispatch decision of a CUDA machine; the kernel runs interpreted
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True)
+assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+import gated_qwen.gated_attention_backend as backend
+assert model.config._attn_implementation == "gated_triton", model.config._attn_implementation
+assert ALL_ATTENTION_FUNCTIONS["gated_triton"] is backend.gated_triton_attention_forward
+expected = torch.load(sys.argv[2])
+with torch.no_grad(), kernel_launches() as launches:
+    logits = model(expected["ids"]).logits
+assert len(launches) == model.config.num_hidden_layers, launches
+assert (logits - expected["logits"]).abs().max() <= 2e-5 * expected["logits"].abs().max(), "logits differ"
+print("package kernel ok")
+"""
+
+
+@pytest.mark.slow  # a fresh interpreter
+def test_a_saved_folder_runs_the_packages_kernel_where_it_is_installed(tmp_path):
+    """A folder's own modeling file (remote code), with the package installed, on a CUDA machine (simulated), takes
+    the package's `gated_triton` kernel as its default attention and gives sdpa's logits."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    sdpa, _ = model_pair()
+    sdpa.save_pretrained(tmp_path / "model")
+    x = ids()
+    with torch.no_grad():
+        torch.save({"ids": x, "logits": sdpa(x).logits}, tmp_path / "expected.pt")
+    tests = str(Path(__file__).parent)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")])))
+    result = subprocess.run([sys.executable, "-c", SAVED_FOLDER_DISPATCH, str(tmp_path / "model"),
+                             str(tmp_path / "expected.pt")], capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "package kernel ok" in result.stdout

@@ -14,12 +14,12 @@ import torch
 
 pytest.importorskip("triton")
 
-from gated_qwen import gated_attention as tga
-from gated_qwen.gated_attention import gated_attention
-from gated_qwen.gated_attention_naive import naive_gated_attention
+from gated_qwen import kernel as tga
+from gated_qwen.kernel import gated_attention, naive_gated_attention
+from gated_qwen.kernel.launch import INTERPRET
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-if DEVICE == "cpu" and not tga.INTERPRET:
+if DEVICE == "cpu" and not INTERPRET:
     pytest.skip("no CUDA device and TRITON_INTERPRET was not set before import", allow_module_level=True)
 
 # Bounds on the normalised max error vs the fp64 reference: fp32 is accumulation-order noise; fp16/bf16 are about
@@ -305,13 +305,12 @@ def test_element_offsets_beyond_int32(axis):
 
 def record_launches(monkeypatch):
     """Replace each kernel's innermost `run` by a recorder: [(kernel name, grid, launch kwargs)] (nothing runs)."""
-    from gated_qwen import gated_attention_backward, gated_attention_decode, gated_attention_forward
+    from gated_qwen.kernel import decoding, parallel
 
     calls = []
-    kernels = {"forward": gated_attention_forward.gated_attention_forward_kernel,
-               "preprocess": gated_attention_backward.preprocess_kernel, "dkdv": gated_attention_backward.dkdv_kernel,
-               "dq": gated_attention_backward.dq_kernel, "decode_split": gated_attention_decode.split_kernel,
-               "decode_combine": gated_attention_decode.combine_kernel}
+    kernels = {"forward": parallel.forward_kernel, "preprocess": parallel.preprocess_kernel,
+               "dkdv": parallel.dkdv_kernel, "dq": parallel.dq_kernel, "decode_split": decoding.split_kernel,
+               "decode_combine": decoding.combine_kernel}
     for name, kernel in kernels.items():
         while hasattr(getattr(kernel, "fn", None), "run"):  # Heuristics -> Autotuner -> the JIT (or interpreted) fn
             kernel = kernel.fn
@@ -327,9 +326,8 @@ def record_launches(monkeypatch):
 def test_launch_grids_stay_within_cuda_limits(monkeypatch, packed):
     """70,000 sequences × 32 heads (2.2 million (sequence, head) pairs): axis 0 holds blocks × sequences (limit
     2**31 − 1), axis 1 only the heads (limit 65535). Recorded on meta tensors: nothing is computed."""
-    from gated_qwen.gated_attention_backward import backward
-    from gated_qwen.gated_attention_decode import decode_forward
-    from gated_qwen.gated_attention_forward import forward
+    from gated_qwen.kernel.decoding import decode_forward
+    from gated_qwen.kernel.parallel import backward, forward
 
     calls = record_launches(monkeypatch)
     n, s, h, h_kv, d = 70_000, 256, 32, 8, 64
@@ -350,10 +348,9 @@ def test_launch_grids_stay_within_cuda_limits(monkeypatch, packed):
 def test_autotune_keys_bucket_sequence_lengths(monkeypatch):
     """The tuner keys on power-of-two length classes (SEQ_BUCKET_*), never on exact lengths: 1000 and 1020 tokens
     share tuned tiles, 3000 gets its own; the short self-check problem does not decide a long run's tiles."""
-    from gated_qwen.gated_attention_backward import dkdv_kernel, dq_kernel
-    from gated_qwen.gated_attention_forward import forward, gated_attention_forward_kernel
+    from gated_qwen.kernel.parallel import dkdv_kernel, dq_kernel, forward, forward_kernel
 
-    for kernel in (gated_attention_forward_kernel, dkdv_kernel, dq_kernel):
+    for kernel in (forward_kernel, dkdv_kernel, dq_kernel):
         keys = kernel.fn.keys
         assert "SEQ_BUCKET_Q" in keys and "SEQ_BUCKET_K" in keys
         assert not {"seqlen_q", "seqlen_k"} & set(keys)
@@ -400,9 +397,9 @@ def test_ragged_loads_are_masked(monkeypatch):
 def test_split_kv_decode_merges_chunks_exactly(monkeypatch, splits):
     """4000 cached keys, logits spread over about ±60 (base-2 weights between 2**-120 and 1), merged from 1, 7 or 70
     chunks (the last ones empty): equals the fp64 reference to fp32 rounding."""
-    from gated_qwen import gated_attention_decode
+    from gated_qwen.kernel import decoding
 
-    monkeypatch.setattr(gated_attention_decode, "num_splits", lambda *args: splits)
+    monkeypatch.setattr(decoding, "num_splits", lambda *args: splits)
     q, k, v, g = make_inputs(1, 1, 4000, 4, 1, 64, "elementwise")
     q, k = q * 4, k * 4
     assert_matches(q, k, v, g, causal=True)
@@ -501,95 +498,60 @@ def test_torch_compile_fullgraph(backend):
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# Packaging: the kernel file travels to the Hub beside the modeling file, and Triton is optional
+# Packaging: the kernel is a subpackage of gated_qwen, and Triton is optional
 # ------------------------------------------------------------------------------------------------------------------
 
 
-def kernel_files() -> list[str]:
-    """gated_attention.py and every module it reaches through relative imports (all flat, as on the Hub)."""
-    import re
-    from pathlib import Path
-
-    package = Path(tga.__file__).parent
-    found, todo = [], ["gated_attention.py"]
-    while todo:
-        name = todo.pop()
-        found.append(name)
-        relative = re.findall(r"^\s*from \.(\w+) import", (package / name).read_text(), flags=re.MULTILINE)
-        todo += [f"{m}.py" for m in relative if f"{m}.py" not in found and f"{m}.py" not in todo]
-    return found
-
-
-def copy_flat(tmp_path, package_name):
-    import shutil
-    from pathlib import Path
-
-    pkg = tmp_path / package_name
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    for name in kernel_files():
-        shutil.copy(Path(tga.__file__).parent / name, pkg / name)
-    return pkg
-
-
-def test_kernel_modules_are_flat_and_import_triton_only_through_the_guard():
-    """Every kernel module is reached from the entry point; only gated_attention_common imports triton (in a try)."""
+def test_only_the_launch_module_imports_triton_and_only_in_a_try():
+    """The kernel's modules reach Triton through `launch.py`'s guarded import, so the subpackage imports without it."""
     import ast
     from pathlib import Path
 
-    files = kernel_files()
-    assert {"gated_attention_common.py", "gated_attention_prologue.py", "gated_attention_forward.py",
-            "gated_attention_backward.py", "gated_attention_decode.py", "gated_attention_naive.py"} <= set(files)
-    for name in files:
-        tree = ast.parse((Path(tga.__file__).parent / name).read_text())
+    for path in sorted(Path(tga.__file__).parent.glob("*.py")):
+        tree = ast.parse(path.read_text())
         unguarded = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))
                      and getattr(node, "level", 0) == 0 and (getattr(node, "module", None) or node.names[0].name).startswith("triton")]
-        assert not unguarded, f"{name} imports triton outside the guard"
+        assert not unguarded, f"{path.name} imports triton outside the guard"
+    guarded = [node for node in ast.parse((Path(tga.__file__).parent / "launch.py").read_text()).body
+               if isinstance(node, ast.Try)]
+    assert any(isinstance(n, ast.Import) and n.names[0].name == "triton" for t in guarded for n in t.body)
 
 
-def test_flat_copy_imports_and_reuses_the_registered_ops(tmp_path):
-    """Copied into another package (as Hub remote code is), the module imports and runs on the same custom ops."""
-    import importlib
-    import sys
+def test_the_custom_ops_are_registered_once_and_reused():
+    """A second registration (the kernel copy that folders saved by gated_qwen 0.1 ship, loaded as remote code)
+    reuses the ops of the first instead of failing on a name torch already holds."""
+    from gated_qwen.kernel import parallel
 
-    pkg = copy_flat(tmp_path, "hub_copy_pkg")
-    for path in pkg.glob("*.py"):
-        assert "gated_qwen" not in path.read_text().replace('"gated_qwen"', ""), path.name
-    sys.path.insert(0, str(tmp_path))
-    try:
-        copy = importlib.import_module("hub_copy_pkg.gated_attention")
-        q, k, v, g = make_inputs(1, 20, 20, 2, 1, 64, "headwise")
-        assert torch.equal(copy.gated_attention(q, k, v, g), gated_attention(q, k, v, g))
-    finally:
-        sys.path.remove(str(tmp_path))
-        for name in [m for m in sys.modules if m.startswith("hub_copy_pkg")]:
-            del sys.modules[name]
+    assert parallel._define_ops() == (parallel._gated_attention_fwd_op, parallel._gated_attention_bwd_op)
+    assert parallel._gated_attention_fwd_op is torch.ops.gated_qwen.gated_attention_fwd.default
 
 
 @pytest.mark.slow  # a fresh interpreter
-def test_module_imports_without_triton(tmp_path):
-    """With `import triton` failing, the module still imports, reports it, and the kernel raises a clear error.
-
-    Runs the files as a flat package (as on the Hub) in a fresh interpreter, without importing Transformers."""
+def test_the_kernel_and_its_backend_import_without_triton(tmp_path):
+    """With `import triton` failing, the subpackage and the attention backend import, say so, and the kernel raises
+    a clear error; the Triton modules are never imported and the model's default attention is SDPA."""
     import subprocess
     import sys
 
-    copy_flat(tmp_path, "flat_pkg")
     code = (
         "import sys; sys.modules['triton'] = None\n"
-        "from flat_pkg import gated_attention as t\n"
         "import torch\n"
-        "assert not t.triton_available()\n"
-        "assert 'flat_pkg.gated_attention_forward' not in sys.modules\n"
+        "from gated_qwen import kernel, gated_attention_backend\n"
+        "assert not kernel.triton_available()\n"
+        "assert not {'gated_qwen.kernel.parallel', 'gated_qwen.kernel.decoding'} & set(sys.modules)\n"
         "q = torch.randn(1, 4, 2, 16)\n"
-        "assert t.gated_attention_unsupported_reason(q, q, q) == 'Triton is not installed'\n"
+        "assert kernel.gated_attention_unsupported_reason(q, q, q) == 'Triton is not installed'\n"
         "try:\n"
-        "    t.gated_attention(q, q, q)\n"
+        "    kernel.gated_attention(q, q, q)\n"
         "except RuntimeError as e:\n"
-        "    assert 'Triton is not installed' in str(e), e\n"
+        "    assert 'Triton is not installed' in str(e) and 'gated-qwen[triton]' in str(e), e\n"
         "else:\n"
         "    raise AssertionError('no error')\n"
+        "from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM\n"
+        "config = GatedQwenConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,\n"
+        "                         num_attention_heads=2, num_key_value_heads=1, head_dim=8)\n"
+        "assert GatedQwenForCausalLM(config).config._attn_implementation == 'sdpa'\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                             check=False)
     assert result.returncode == 0, result.stderr

@@ -35,9 +35,10 @@ def register() -> None:
 
     - the configs and models, dense and mixture of experts, with the Auto classes (config, base model, causal LM,
       sequence/token classification, question answering), each also for `trust_remote_code` folders (`auto_map`);
-    - the reader of other checkpoint formats (`GatedQwenConfig.checkpoint_reader`: the paper's release, stock Qwen3 /
-      Qwen3-MoE, Qwen3.5 / Qwen3-Next), which the code a saved folder ships does not have;
-    - the push to the Hub with this package's model card (`GatedQwenPreTrainedModel.hub_push`);
+    - the reader of other checkpoint formats (the paper's release, stock Qwen3 / Qwen3-MoE, Qwen3.5 / Qwen3-Next):
+      `from_pretrained` and the config's `get_config_dict` of these classes (`conversion.loading.read_other_formats`),
+      which the code a saved folder ships does not have;
+    - the push to the Hub with this package's model card (`push_to_hub` of these models, `hub.model_push_to_hub`);
     - PEFT's default LoRA targets (a no-op without PEFT).
     """
     global _registered
@@ -55,7 +56,7 @@ def register() -> None:
 
     from . import hub, modeling_gated, modeling_gated_moe
     from .configuration_gated import GatedQwenConfig, GatedQwenMoeConfig
-    from .conversion.loading import READER
+    from .conversion.loading import read_other_formats
     from .peft_defaults import register_peft_defaults
 
     heads = ("Model", "ForCausalLM", "ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering")
@@ -69,8 +70,9 @@ def register() -> None:
             model = getattr(modeling, f"{prefix}{head}")
             auto.register(config_class, model, exist_ok=True)
             model.register_for_auto_class(auto.__name__)
-    GatedQwenConfig.checkpoint_reader = READER  # the mixture of experts' config inherits it
-    modeling_gated.GatedQwenPreTrainedModel.hub_push = staticmethod(hub.push_to_hub)  # and its models
+    # Attached to the bases, so the mixture of experts' config and models have them too.
+    read_other_formats(GatedQwenConfig, modeling_gated.GatedQwenPreTrainedModel)
+    modeling_gated.GatedQwenPreTrainedModel.push_to_hub = hub.model_push_to_hub
     register_peft_defaults()
 
 

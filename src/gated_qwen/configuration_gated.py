@@ -38,23 +38,6 @@ CONFIG_ERRORS = (ValueError, TypeError, StrictDataclassError)
 GATED_MODEL_TYPES = ("gated_qwen", "gated_qwen_moe")
 
 
-class CheckpointReader:
-    """What reads folders of other layouts (the paper's release, stock Qwen3 / Qwen3-MoE, Qwen3.5 / Qwen3-Next) as
-    GatedQwen models: the gated_qwen package installs one as `GatedQwenConfig.checkpoint_reader` (see
-    `gated_qwen.conversion.loading`); the code a saved folder ships has none, so remote code reads gated_qwen folders
-    only."""
-
-    def config_dict(self, config_dict: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
-        """The gated_qwen or gated_qwen_moe config.json of a folder whose config.json is `config_dict` (gate fields
-        taken out of `kwargs`, where they add a gate), or an error that says why it cannot be read."""
-        raise NotImplementedError
-
-    def from_pretrained(self, model_class, pretrained_model_name_or_path, *args, **kwargs):
-        """`model_class.from_pretrained(...)` for such a folder, with `output_loading_info`: `(model, loading info)`;
-        None for a gated_qwen folder."""
-        raise NotImplementedError
-
-
 # What a saved folder's config.json names for loading with `trust_remote_code=True` where the package is absent.
 AUTO_MAP = {
     "AutoConfig": "configuration_gated.GatedQwenConfig",
@@ -200,8 +183,6 @@ class GatedQwenConfig(Qwen3Config):
 
     model_type = "gated_qwen"
     default_auto_map: ClassVar[dict[str, str]] = AUTO_MAP
-    # Reads folders of other formats; installed by the gated_qwen package, None in a saved folder's remote code.
-    checkpoint_reader: ClassVar[CheckpointReader | None] = None
 
     # Qwen3's fields whose defaults differ here (the paper's 1.7B dense model), each checked when set.
     vocab_size: int = validated_field(_positive("vocab_size"), default=151936)
@@ -254,25 +235,15 @@ class GatedQwenConfig(Qwen3Config):
             raise ValueError(_dense_error(f"`num_experts`={value!r}"))
         super().__setattr__(name, value)
 
-    # ------------------------------------------------------------------------------- reading other formats
+    # ----------------------------------------------------------------------------------------- reading
     @classmethod
     def get_config_dict(cls, pretrained_model_name_or_path, **kwargs):
-        """config.json of a GatedQwen folder of this model type; with the gated_qwen package installed, also of a
-        folder in a format it reads (the paper's release, stock Qwen3 / Qwen3-MoE, Qwen3.5 text / Qwen3-Next with
-        every layer full attention), turned into GatedQwen's fields by its `CheckpointReader` (gate fields among
-        `kwargs` then add a gate to a stock Qwen3 / Qwen3-MoE model). A folder of the other GatedQwen model type
-        (dense read as a mixture of experts, or the reverse) is refused, naming the class that reads it."""
+        """config.json of a GatedQwen folder of this model type. A folder of the other GatedQwen model type (dense
+        read as a mixture of experts, or the reverse) is refused, naming the classes that read it, and so is a folder
+        of another model type (the gated_qwen package reads the paper's release, stock Qwen3 and Qwen3.5 folders)."""
         config_dict, kwargs = super().get_config_dict(pretrained_model_name_or_path, **kwargs)
-        if config_dict.get("model_type") not in GATED_MODEL_TYPES:
-            if cls.checkpoint_reader is None:
-                raise ValueError(
-                    f"{pretrained_model_name_or_path} has model_type {config_dict.get('model_type')!r}; this code reads "
-                    f"{' and '.join(repr(t) for t in GATED_MODEL_TYPES)} folders. Folders of other formats (the paper's "
-                    "release, stock Qwen3, Qwen3.5) are read by the gated_qwen package: pip install gated-qwen."
-                )
-            config_dict = cls.checkpoint_reader.config_dict(config_dict, kwargs)
-        if config_dict["model_type"] != cls.model_type:
-            raise ValueError(_model_type_error(cls, config_dict, str(pretrained_model_name_or_path)))
+        if config_dict.get("model_type") != cls.model_type:
+            raise ValueError(model_type_error(cls, config_dict, str(pretrained_model_name_or_path)))
         return config_dict, kwargs
 
     # ------------------------------------------------------------------ rules across fields (`validate()`)
@@ -496,8 +467,12 @@ def _dense_error(what: str) -> str:
             "GatedQwenMoeForCausalLM.")
 
 
-def _model_type_error(cls, config_dict: dict, source: str) -> str:
-    """Why `cls` cannot read `config_dict`, a model of the other GatedQwen model type, naming the classes that can."""
+def model_type_error(cls, config_dict: dict, source: str) -> str:
+    """Why `cls` cannot read `config_dict`, a model of another model type, naming the classes that can."""
+    if config_dict.get("model_type") not in GATED_MODEL_TYPES:
+        return (f"{source} has model_type {config_dict.get('model_type')!r}; this code reads "
+                f"{' and '.join(repr(t) for t in GATED_MODEL_TYPES)} folders. Folders of other formats (the paper's "
+                "release, stock Qwen3, Qwen3.5) are read by the gated_qwen package: pip install gated-qwen.")
     if config_dict["model_type"] == GatedQwenMoeConfig.model_type:
         what, readers = (f"a mixture of experts (num_experts={config_dict.get('num_experts')!r})",
                          "GatedQwenMoeConfig and the GatedQwenMoe* models (e.g. GatedQwenMoeForCausalLM)")

@@ -1,15 +1,16 @@
 """The attention backend `attn_implementation="gated_triton"`: the adapter between Transformers and the fused Triton
-kernel (`gated_attention.py`, which knows nothing about Transformers).
+kernel (`kernel/`, which knows nothing about Transformers).
 
 The kernel applies the G1 sigmoid gate to its fp32 accumulator, so the attention module hands it the gate logits
-(this backend is one of `gating.FUSED_GATE_BACKENDS`) instead of multiplying afterwards. Masks are FlashAttention-style (a 2-D
-padding mask or None); padding, DataCollatorWithFlattening's `cu_seq_lens_*` and packed `position_ids` become the
-kernel's varlen layout.
+(this backend is one of `gating.FUSED_GATE_BACKENDS`) instead of multiplying afterwards. Masks are FlashAttention-style
+(a 2-D padding mask or None). `kernel_inputs` puts a call into the kernel's layouts once (padding,
+DataCollatorWithFlattening's `cu_seq_lens_*` and packed `position_ids` become packed rows); then the kernel or its
+fallback, `sdpa_gated_attention` (same arguments), runs them.
 
 The kernel is trusted only after it has checked itself. `GATED_QWEN_KERNEL` chooses:
   check (default)  the first call of each (device, dtype, head dim, gate kind, causal, layout) combination runs the
                    kernel on a small problem against the PyTorch reference, forward and backward
-                   (`gated_attention_selfcheck.py`); a combination that fails uses SDPA + a separate sigmoid gate,
+                   (`kernel/selfcheck.py`); a combination that fails uses SDPA + a separate sigmoid gate,
                    with one warning saying what failed and how to report it;
   trust            the kernel without the check;
   off              never the kernel: SDPA + a separate sigmoid gate.
@@ -18,11 +19,13 @@ path is used, with one warning giving the reason. Under `torch.compile` no check
 earlier eager call keeps its verdict, an unchecked one uses the kernel; packed sequences must arrive as
 `cu_seq_lens_*` there (restarting `position_ids` are found only in eager mode).
 
-Importing this module registers the backend. It is copied to the Hugging Face Hub beside `modeling_gated.py`:
-relative imports only.
+Importing this module registers the backend. It belongs to the gated_qwen package, not to a saved folder: the
+folder's `modeling_gated.py` imports it where the package is installed (`pip install "gated-qwen[triton]"`) and runs
+SDPA + the gate without it. Its interface to that file is the attention function's: `output_gate`, the G1 logits.
 """
 
 import os
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -32,9 +35,8 @@ from transformers.modeling_utils import AttentionInterface
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, logging
 
-from .gated_attention import gated_attention, gated_attention_unsupported_reason, triton_available
-from .gated_attention_selfcheck import Combination, combination_of, self_check
-from .gating import FUSED_GATE_BACKENDS
+from .kernel import gated_attention, gated_attention_unsupported_reason, triton_available
+from .kernel.selfcheck import Combination, combination_of, self_check
 
 logger = logging.get_logger(__name__)
 
@@ -77,16 +79,54 @@ def _kernel_verdict(combo: Combination) -> str | None:
 # --------------------------------------------------------------------------------------------------------------------
 
 
+@dataclass
+class KernelInputs:
+    """One attention call in the layouts the kernel takes, normalised once: dense `q: [B, S_q, Hq, D]`, `k, v:
+    [B, S_k, Hkv, D]`, `gate: [B, S_q, Hq, D or 1]` or None; or packed `[T, H, D]` rows with `varlen` (the kernel's
+    `cu_seqlens_q/k`, `max_seqlen_q/k`). `rows_q`: where padded inputs' kept query rows go back in the flattened
+    `[B * S_q]` output (None: every row is kept); `shape`: the output's `(B, S_q, Hq, D)`."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    gate: torch.Tensor | None
+    shape: tuple[int, int, int, int]
+    varlen: dict = field(default_factory=dict)
+    rows_q: torch.Tensor | None = None
+
+    @property
+    def longest_query(self) -> int:
+        return self.varlen["max_seqlen_q"] if self.varlen else self.q.shape[1]
+
+    def restore(self, out: torch.Tensor) -> torch.Tensor:
+        """The attention output in Transformers' `[B, S_q, Hq, D]` (padded query rows are zeros)."""
+        if self.rows_q is not None:
+            out = out.new_zeros(self.shape[0] * self.shape[1], *out.shape[1:]).index_copy(0, self.rows_q, out)
+        return out.view(self.shape) if self.varlen else out
+
+
+def _flat(t: torch.Tensor | None) -> torch.Tensor | None:
+    """`[B, S, ...]` -> `[B * S, ...]`."""
+    return None if t is None else t.reshape(-1, *t.shape[2:])
+
+
+def _varlen(cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: int | None, max_k: int | None) -> dict:
+    cu_q, cu_k = cu_q.to(torch.int32), cu_k.to(torch.int32)
+    max_q = int(cu_q.diff().max()) if max_q is None else int(max_q)
+    return {"cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k, "max_seqlen_q": max_q,
+            "max_seqlen_k": max_q if max_k is None else int(max_k)}
+
+
 def _varlen_from_padding_mask(mask: torch.Tensor, q_len: int):
     """`mask: [B, S_k]` bool, True = token; queries are its last `q_len` columns.
 
-    -> `(rows_q [T_q], rows_k [T_k])` indices of the kept tokens in the flattened `[B * S]` layouts,
-    `(cu_q, cu_k)` int32 `[B + 1]` offsets, `(max_q, max_k)` Python ints."""
+    -> `(rows_q [T_q], rows_k [T_k])` indices of the kept tokens in the flattened `[B * S]` layouts, and the kernel's
+    varlen arguments (int32 `[B + 1]` offsets, longest lengths)."""
     q_mask = mask[:, -q_len:]
     rows_q, rows_k = q_mask.flatten().nonzero().squeeze(1), mask.flatten().nonzero().squeeze(1)
     lens_q, lens_k = q_mask.sum(1, dtype=torch.int32), mask.sum(1, dtype=torch.int32)
     cu_q, cu_k = (F.pad(lens.cumsum(0, dtype=torch.int32), (1, 0)) for lens in (lens_q, lens_k))
-    return (rows_q, rows_k), (cu_q, cu_k), (int(lens_q.max()), int(lens_k.max()))
+    return (rows_q, rows_k), _varlen(cu_q, cu_k, int(lens_q.max()), int(lens_k.max()))
 
 
 def _varlen_from_position_ids(position_ids: torch.Tensor, batch: int, seq_len: int):
@@ -105,21 +145,39 @@ def _varlen_from_position_ids(position_ids: torch.Tensor, batch: int, seq_len: i
     return cu, int((cu[1:] - cu[:-1]).max())
 
 
-def _visible_from_cu_seqlens(cu_q: torch.Tensor, cu_k: torch.Tensor, causal: bool) -> torch.Tensor:
-    """`[T_q, T_k]` bool: packed query row i sees key row j (same sequence; bottom-right causal within it)."""
-    lens_q, lens_k = cu_q.diff().long(), cu_k.diff().long()
-    seq_q = torch.repeat_interleave(torch.arange(len(lens_q), device=cu_q.device), lens_q)
-    seq_k = torch.repeat_interleave(torch.arange(len(lens_k), device=cu_k.device), lens_k)
-    visible = seq_q[:, None] == seq_k[None, :]
-    if causal:
-        pos_q = torch.arange(len(seq_q), device=cu_q.device) - cu_q.long()[seq_q]
-        pos_k = torch.arange(len(seq_k), device=cu_k.device) - cu_k.long()[seq_k]
-        visible &= pos_k[None, :] <= (pos_q + lens_k[seq_q] - lens_q[seq_q])[:, None]
-    return visible
+def kernel_inputs(q, k, v, gate, attention_mask, kwargs) -> KernelInputs:
+    """The call's `q: [B, S_q, Hq, D]`, `k, v: [B, S_k, Hkv, D]` (views), `gate` and its padding mask or packed
+    sequences (`cu_seq_lens_q/k` + `max_length_q/k`, DataCollatorWithFlattening's, or restarting `position_ids`)
+    in the kernel's layouts: padded batches and packed sequences become packed rows, the rest stays dense."""
+    batch, q_len = q.shape[:2]
+    if attention_mask is not None:  # padding: attend over the kept tokens only, scattered back afterwards
+        mask = attention_mask.bool()
+        k, v = k[:, : mask.shape[1]], v[:, : mask.shape[1]]  # a static cache is longer than the tokens seen
+        (rows_q, rows_k), varlen = _varlen_from_padding_mask(mask, q_len)
+        return KernelInputs(_flat(q)[rows_q], _flat(k)[rows_k], _flat(v)[rows_k],
+                            None if gate is None else _flat(gate)[rows_q], q.shape, varlen, rows_q)
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
+    position_ids = kwargs.get("position_ids")
+    # Finding restarts in position_ids is data-dependent: not done under torch.compile (pass cu_seq_lens there).
+    if (cu_q is None and position_ids is not None and q_len > 1 and q_len == k.shape[1]
+            and not torch.compiler.is_compiling()):
+        found = _varlen_from_position_ids(position_ids, batch, q_len)
+        if found is not None:
+            cu_q, max_q = cu_k, max_k = found
+    if cu_q is None:
+        return KernelInputs(q, k, v, gate, q.shape)
+    varlen = _varlen(cu_q, cu_q if cu_k is None else cu_k, max_q, max_k)
+    return KernelInputs(_flat(q), _flat(k), _flat(v), _flat(gate), q.shape, varlen)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The fallback: SDPA, then the gate
+# --------------------------------------------------------------------------------------------------------------------
 
 
 def _sdpa_then_gate(q, k, v, gate, causal, scale, visible=None):
-    """The fallback: PyTorch SDPA, then `* sigmoid(gate)` as the attention module applies it without a fused backend.
+    """PyTorch SDPA, then `* sigmoid(gate)` as the attention module applies it without a fused backend.
 
     `q: [B, S_q, Hq, D]`, `k, v: [B, S_k, Hkv, D]` (views), `gate: [B, S_q, Hq, D or 1]` logits or None, `visible:
     [B or 1, S_q, S_k]` bool or None (then causal aligned bottom-right, or no mask) -> `[B, S_q, Hq, D]`. Query rows
@@ -138,9 +196,63 @@ def _sdpa_then_gate(q, k, v, gate, causal, scale, visible=None):
     return out if gate is None else out * torch.sigmoid(gate).to(out.dtype)
 
 
+def _padded(rows: torch.Tensor, cu: torch.Tensor, longest: int):
+    """Packed `rows: [T, ...]` of the sequences `cu` delimits -> `([N, longest, ...], kept [N, longest] bool)`; the
+    rows past a sequence's end hold other rows' values (masked where they are used)."""
+    position = torch.arange(longest, device=rows.device)
+    kept = position[None, :] < cu.diff().long()[:, None]
+    index = (cu[:-1].long()[:, None] + position[None, :]).clamp(max=max(rows.shape[0] - 1, 0))
+    return (rows[index] if rows.shape[0] else rows.new_zeros(*index.shape, *rows.shape[1:])), kept
+
+
+def sdpa_gated_attention(q, k, v, gate=None, *, causal=True, scale=None, cu_seqlens_q=None, cu_seqlens_k=None,
+                         max_seqlen_q=None, max_seqlen_k=None) -> torch.Tensor:
+    """What the kernel computes (`kernel.gated_attention`, same arguments and shapes), with PyTorch SDPA and a
+    separate sigmoid gate: where the kernel cannot or may not run. Packed sequences are attended as a zero-padded
+    batch of `N` sequences (memory `N · max_seqlen_q · max_seqlen_k` for the mask)."""
+    if cu_seqlens_q is None:
+        return _sdpa_then_gate(q, k, v, gate, causal, scale)
+    (q, kept_q), (k, kept_k), (v, _) = (_padded(t, cu, n) for t, cu, n in (
+        (q, cu_seqlens_q, max_seqlen_q), (k, cu_seqlens_k, max_seqlen_k), (v, cu_seqlens_k, max_seqlen_k)))
+    gate = None if gate is None else _padded(gate, cu_seqlens_q, max_seqlen_q)[0]
+    visible = kept_q[:, :, None] & kept_k[:, None, :]
+    if causal:  # bottom-right within each sequence: query i sees key j <= i + len_k - len_q
+        offset = (cu_seqlens_k.diff() - cu_seqlens_q.diff()).long()
+        position_q, position_k = (torch.arange(n, device=q.device) for n in (max_seqlen_q, max_seqlen_k))
+        visible &= position_k[None, None, :] <= position_q[None, :, None] + offset[:, None, None]
+    return _sdpa_then_gate(q, k, v, gate, causal, scale, visible)[kept_q]
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # The attention function
 # --------------------------------------------------------------------------------------------------------------------
+
+
+def _refuse_what_the_kernel_lacks(attention_mask: torch.Tensor | None, dropout: float, kwargs: dict) -> None:
+    if dropout:
+        raise ValueError(f"attn_implementation='gated_triton' has no attention dropout (got {dropout}); set "
+                         "config.attention_dropout=0.0 or use 'sdpa'")
+    if kwargs.get("sliding_window") is not None:
+        raise ValueError("attn_implementation='gated_triton' does not support sliding-window layers; use 'sdpa' or "
+                         "'flash_attention_2' for configs with use_sliding_window=True")
+    if attention_mask is not None and attention_mask.dim() != 2:
+        raise ValueError(f"attn_implementation='gated_triton' takes a 2-D padding mask [B, S_k], got shape "
+                         f"{tuple(attention_mask.shape)}; use 'sdpa' or 'eager' for custom 4-D masks")
+
+
+def _attention_for(inputs: KernelInputs, causal: bool):
+    """The kernel (`gated_attention`) where it can run these inputs and may (`GATED_QWEN_KERNEL`, the self-check),
+    else `sdpa_gated_attention`."""
+    reason = gated_attention_unsupported_reason(inputs.q, inputs.k, inputs.v, inputs.gate,
+                                                cu_seqlens_q=inputs.varlen.get("cu_seqlens_q"),
+                                                cu_seqlens_k=inputs.varlen.get("cu_seqlens_k"))
+    if reason is None:
+        combo = combination_of(inputs.q, inputs.gate, causal, bool(inputs.varlen), inputs.longest_query)
+        reason = _kernel_verdict(combo)
+    elif not torch.compiler.is_compiling():
+        logger.warning_once(f"gated_triton: the Triton kernel cannot run here ({reason}); using SDPA + a separate "
+                            "sigmoid gate instead")
+    return gated_attention if reason is None else sdpa_gated_attention
 
 
 def gated_triton_attention_forward(
@@ -160,94 +272,28 @@ def gated_triton_attention_forward(
 
     Packed sequences arrive as `cu_seq_lens_q/k` + `max_length_q/k` (DataCollatorWithFlattening) or as restarting
     `position_ids`; padded query rows come back as zeros."""
-    if dropout:
-        raise ValueError(f"attn_implementation='gated_triton' has no attention dropout (got {dropout}); set "
-                         "config.attention_dropout=0.0 or use 'sdpa'")
-    if kwargs.get("sliding_window") is not None:
-        raise ValueError("attn_implementation='gated_triton' does not support sliding-window layers; use 'sdpa' or "
-                         "'flash_attention_2' for configs with use_sliding_window=True")
-    if attention_mask is not None and attention_mask.dim() != 2:
-        raise ValueError(f"attn_implementation='gated_triton' takes a 2-D padding mask [B, S_k], got shape "
-                         f"{tuple(attention_mask.shape)}; use 'sdpa' or 'eager' for custom 4-D masks")
+    _refuse_what_the_kernel_lacks(attention_mask, dropout, kwargs)
     causal = kwargs.get("is_causal")
     causal = getattr(module, "is_causal", True) if causal is None else bool(causal)
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # [B, S, H, D] views, no copy
-    batch, q_len, heads, head_dim = q.shape
-
-    mask = cu_q = cu_k = max_q = max_k = None
-    if attention_mask is not None:  # padding
-        mask = attention_mask.bool()
-        k, v = k[:, : mask.shape[1]], v[:, : mask.shape[1]]  # a static cache is longer than the tokens seen
-    else:
-        cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
-        max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
-        position_ids = kwargs.get("position_ids")
-        # Finding restarts in position_ids is data-dependent: not done under torch.compile (pass cu_seq_lens there).
-        if (cu_q is None and position_ids is not None and q_len > 1 and q_len == k.shape[1]
-                and not torch.compiler.is_compiling()):
-            found = _varlen_from_position_ids(position_ids, batch, q_len)
-            if found is not None:
-                cu_q, max_q = found
-                cu_k, max_k = cu_q, max_q
-        if cu_q is not None:
-            cu_q = cu_q.to(torch.int32)
-            cu_k = cu_q if cu_k is None else cu_k.to(torch.int32)
-            max_q = int(cu_q.diff().max()) if max_q is None else int(max_q)
-            max_k = max_q if max_k is None else int(max_k)
-
-    def flat(t):  # [B, S, ...] -> [B * S, ...]
-        return t.reshape(-1, *t.shape[2:])
-
-    reason = gated_attention_unsupported_reason(q, k, v, output_gate)
-    if reason is None:
-        combo = combination_of(q, output_gate, causal, mask is not None or cu_q is not None,
-                               max_q if cu_q is not None else q_len)
-        reason = _kernel_verdict(combo)
-    elif not torch.compiler.is_compiling():
-        logger.warning_once(f"gated_triton: the Triton kernel cannot run here ({reason}); using SDPA + a separate "
-                            "sigmoid gate instead")
-
-    if reason is not None:  # SDPA + separate gate, with the same masks
-        if mask is not None:
-            visible = mask[:, None, :]
-            if causal:
-                visible = visible & torch.ones(q_len, mask.shape[1], dtype=torch.bool, device=q.device).tril(
-                    mask.shape[1] - q_len)
-            visible = visible & mask[:, -q_len:, None]  # padded query rows see nothing (zeros, like the kernel)
-            return _sdpa_then_gate(q, k, v, output_gate, causal, scaling, visible), None
-        if cu_q is not None:
-            visible = _visible_from_cu_seqlens(cu_q, cu_k, causal)[None]
-            gate = None if output_gate is None else flat(output_gate)[None]
-            out = _sdpa_then_gate(flat(q)[None], flat(k)[None], flat(v)[None], gate, causal, scaling, visible)
-            return out.view(batch, q_len, heads, head_dim), None
-        return _sdpa_then_gate(q, k, v, output_gate, causal, scaling), None
-
-    if mask is not None:  # padding: attend over the kept tokens only, then scatter back
-        (rows_q, rows_k), (cu_q, cu_k), (max_q, max_k) = _varlen_from_padding_mask(mask, q_len)
-        gate = None if output_gate is None else flat(output_gate)[rows_q]
-        packed = gated_attention(flat(q)[rows_q], flat(k)[rows_k], flat(v)[rows_k], gate, causal=causal, scale=scaling,
-                                 cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k)
-        out = packed.new_zeros(batch * q_len, heads, head_dim).index_copy(0, rows_q, packed)
-        return out.view(batch, q_len, heads, head_dim), None
-    if cu_q is not None:  # packed sequences: the flattened batch is the varlen batch
-        out = gated_attention(flat(q), flat(k), flat(v), None if output_gate is None else flat(output_gate),
-                              causal=causal, scale=scaling, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q,
-                              max_seqlen_k=max_k)
-        return out.view(batch, q_len, heads, head_dim), None
-    return gated_attention(q, k, v, output_gate, causal=causal, scale=scaling), None
+    inputs = kernel_inputs(q, k, v, output_gate, attention_mask, kwargs)
+    attend = _attention_for(inputs, causal)
+    out = attend(inputs.q, inputs.k, inputs.v, inputs.gate, causal=causal, scale=scaling, **inputs.varlen)
+    return inputs.restore(out), None
 
 
-AttentionInterface.register("gated_triton", gated_triton_attention_forward)
-FUSED_GATE_BACKENDS.add("gated_triton")
+AttentionInterface.register("gated_triton", gated_triton_attention_forward)  # one of gating.FUSED_GATE_BACKENDS
 AttentionMaskInterface.register("gated_triton", flash_attention_mask)  # without it padding would be ignored
 
 
 def gated_triton_is_default(config) -> bool:
     """`gated_triton` is the default attention where it runs natively (a CUDA GPU and Triton) and the config needs
-    nothing it lacks (sliding windows, attention dropout); elsewhere the default stays `sdpa`."""
-    return (
-        torch.cuda.is_available()
-        and triton_available()
-        and "sliding_attention" not in (config.layer_types or [])
-        and not config.attention_dropout
-    )
+    nothing it lacks (sliding windows, attention dropout); elsewhere the default stays `sdpa` (on a CUDA GPU without
+    Triton with one warning saying how to get the kernel)."""
+    if not torch.cuda.is_available():
+        return False
+    if not triton_available():
+        logger.warning_once("gated_triton: Triton is not installed, so attention runs as SDPA with a separate sigmoid "
+                            "gate; pip install 'gated-qwen[triton]' for the fused kernel")
+        return False
+    return "sliding_attention" not in (config.layer_types or []) and not config.attention_dropout

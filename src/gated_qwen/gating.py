@@ -99,8 +99,9 @@ def canonical_position(position):
 
 # Attention backends (names registered with Transformers' `AttentionInterface`) whose function applies the G1 sigmoid
 # gate in its epilogue: the attention module hands them the gate's logits as `output_gate` instead of multiplying
-# afterwards (`gated_attention_backend.py` adds "gated_triton"). Every other backend is given no gate.
-FUSED_GATE_BACKENDS: set[str] = set()
+# afterwards. "gated_triton" is the gated_qwen package's fused kernel (`gated_attention_backend.py` there), registered
+# where the package is installed. Every other backend is given no gate.
+FUSED_GATE_BACKENDS: set[str] = {"gated_triton"}
 
 
 def gated_layers(config) -> list[int]:

@@ -264,6 +264,13 @@ def push_to_hub(model, repo_id: str, *, commit_message: str | None = None, commi
             revision=revision, create_pr=create_pr)
 
 
+def model_push_to_hub(self, repo_id: str, **kwargs):
+    """The models' `push_to_hub` where the gated_qwen package is installed (`gated_qwen.register` attaches it): the
+    push of `push_to_hub` above, whose README.md is this package's model card where the revision pushed to has none
+    yet; same arguments as Transformers'."""
+    return push_to_hub(self, repo_id, **kwargs)
+
+
 def target_has_card(repo_id: str, revision: str | None = None, token: str | bool | None = None) -> bool:
     """Whether the revision a push to `repo_id` lands on already has a README.md: `revision` (default `main`; a pull
     request starts from it), or `main` when `revision` names a branch that does not exist yet (it is created from

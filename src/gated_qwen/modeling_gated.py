@@ -7,16 +7,16 @@ eager attention, the attention projections) it imports with their Hub-kernel hoo
 paper is a config value. This is the dense model; the mixture of experts (`modeling_gated_moe.py`) builds on it.
 
 Checkpoints hold exactly the model's own tensor names (the gate's `self_attn.gate.*` included): a gated_qwen folder
-loads with no conversion. Folders of other formats are read by the gated_qwen package's checkpoint reader
-(`GatedQwenConfig.checkpoint_reader`, see `gated_qwen.conversion`), which this file does not contain.
+loads with no conversion.
 
-This file is copied to the Hugging Face Hub beside `configuration_gated.py`, `gating.py`, the `gated_triton`
-attention backend and the Triton kernel it drives: relative imports only, Triton only behind a guard.
+A saved folder ships this file with `configuration_gated.py`, `gating.py` and `transformers_compat.py` (and
+`modeling_gated_moe.py` for a mixture of experts): relative imports only, and nothing of the gated_qwen package but
+its fused kernel, imported where the package is installed (below). What the package adds (reading other checkpoint
+formats, its model card on `push_to_hub`) it attaches when it is imported; this file does not contain it.
 """
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 from torch import nn
@@ -40,13 +40,12 @@ from transformers.models.qwen3.modeling_qwen3 import (
     eager_attention_forward,
 )
 from transformers.processing_utils import Unpack
-from transformers.utils import TransformersKwargs, can_return_tuple
+from transformers.utils import TransformersKwargs, can_return_tuple, logging
 from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_gated import GatedQwenConfig
-from .gated_attention_backend import gated_triton_is_default  # registers attn_implementation="gated_triton"
 from .gating import FUSED_GATE_BACKENDS, GatedQwenGate
 from .transformers_compat import (
     CACHE_FIELD,
@@ -55,6 +54,16 @@ from .transformers_compat import (
     output_cache,
     slice_logits_to_keep,
 )
+
+try:  # the fused kernel, `attn_implementation="gated_triton"`, comes with the installed gated_qwen package (importing
+    # it registers the backend); a saved folder runs without it. Transformers' remote-code import check skips `try`.
+    from gated_qwen.gated_attention_backend import gated_triton_is_default
+except ImportError:
+    gated_triton_is_default = None
+
+logger = logging.get_logger(__name__)
+FUSED_KERNEL_HINT = ("the fused Triton kernel with the gate in its epilogue (attn_implementation='gated_triton') comes "
+                     "with the gated_qwen package on a CUDA GPU: pip install 'gated-qwen[triton]'")
 
 
 class GatedQwenRMSNorm(Qwen3RMSNorm):
@@ -212,7 +221,6 @@ class GatedQwenPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _no_split_modules = ["GatedQwenDecoderLayer"]
     _skip_keys_device_placement = ["past_key_values"]
-    _keys_to_ignore_on_load_unexpected = [r"^mtp\."]  # Qwen3.5 / Qwen3-Next multi-token-prediction heads
     _supports_flash_attn = True
     _supports_sdpa = True
     _supports_flex_attn = True
@@ -223,9 +231,6 @@ class GatedQwenPreTrainedModel(PreTrainedModel):
         "hidden_states": GatedQwenDecoderLayer,
         "attentions": GatedQwenAttention,
     }
-    # The push with this package's model card (`gated_qwen.hub.push_to_hub`), installed by the package; None in a
-    # saved folder's remote code, which pushes as Transformers does.
-    hub_push: ClassVar[Callable | None] = None
 
     def __init__(self, config: GatedQwenConfig, *inputs, **kwargs):
         if config.model_type != self.config_class.model_type:  # e.g. a mixture of experts given to a dense class
@@ -239,55 +244,20 @@ class GatedQwenPreTrainedModel(PreTrainedModel):
         # Tags of the Hub card that `push_to_hub` writes (per instance: Transformers appends to this list).
         self.model_tags = ["gated-attention", "custom_code"]
 
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
-        """Transformers' `from_pretrained`; with the gated_qwen package installed it also reads the paper's release,
-        stock Qwen3 / Qwen3-MoE and Qwen3.5 / Qwen3-Next folders (`GatedQwenConfig.checkpoint_reader`; a mixture of
-        experts only through the GatedQwenMoe* classes). A folder that lacks a gate tensor its config has, or holds
-        one of another shape (even with `ignore_mismatched_sizes=True`), is refused rather than starting that gate
-        at random. The loaded model saves in this package's format."""
-        wants_info = kwargs.get("output_loading_info", False)
-        allows_mismatch = kwargs.get("ignore_mismatched_sizes", False)
-        # Loaded either way, so that a mismatch is refused below by name (Transformers raises a RuntimeError that
-        # points at its log); with the caller's ignore_mismatched_sizes=True only non-gate tensors may be re-started.
-        kwargs.update(output_loading_info=True, ignore_mismatched_sizes=True)
-        reader = cls.config_class.checkpoint_reader
-        loaded = reader.from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs) if reader else None
-        model, info = loaded or super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
-        mismatched = sorted((key if isinstance(key, tuple) else (key, None, None)) for key in info["mismatched_keys"])
-        not_loaded = sorted(name for name in [*info["missing_keys"], *(name for name, *_ in mismatched)]
-                            if ".self_attn.gate." in name)
-        if not_loaded:
-            missing = not_loaded[0] in info["missing_keys"]
-            raise ValueError(
-                f"the checkpoint has {'no tensor' if missing else 'a tensor of another shape'} for {not_loaded[0]}"
-                + (f" (and {len(not_loaded) - 1} more gate tensors)" if len(not_loaded) > 1 else "")
-                + f", yet its config has a gate (gate_position={model.config.gate_position!r}); refusing to start "
-                "that gate at random. Load the folder with the config it was saved with, or pass gate fields only to "
-                "add a gate to a stock Qwen3 folder."
-            )
-        if mismatched and not allows_mismatch:
-            name, stored, expected = mismatched[0]
-            shapes = f" has shape {list(stored)}, not the {list(expected)} its config gives" if stored else (
-                " has another shape than its config gives")
-            raise ValueError(
-                f"the checkpoint's {name}{shapes}" + (f" (and {len(mismatched) - 1} more tensors)" if len(mismatched)
-                                                      > 1 else "")
-                + "; load the folder with the config it was saved with (ignore_mismatched_sizes=True would start "
-                "such tensors, other than the gate's, at random).")
-        return (model, info) if wants_info else model
-
-    def push_to_hub(self, repo_id: str, **kwargs):
-        """Transformers' `push_to_hub` (same arguments); with the gated_qwen package installed the push goes through
-        `gated_qwen.hub.push_to_hub` (`hub_push`), whose README.md is this package's model card where the revision
-        pushed to has none yet."""
-        if self.hub_push is None:
-            return super().push_to_hub(repo_id, **kwargs)
-        return self.hub_push(self, repo_id, **kwargs)
-
     def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
-        if requested_attention is None and gated_triton_is_default(self.config):
-            return "gated_triton"  # the fused Triton kernel, see gated_attention_backend.py
+        """The attention that runs: by default the gated_qwen package's fused kernel where it runs (`gated_triton`:
+        a CUDA GPU, Triton, a config without sliding windows or attention dropout), else Transformers' choice
+        (`sdpa`), the gate applied after it; with one log line saying so and how to get the fused kernel."""
+        if requested_attention == "gated_triton" and gated_triton_is_default is None:
+            raise ValueError(f"attn_implementation='gated_triton' needs the fused kernel: {FUSED_KERNEL_HINT}")
+        if requested_attention is None:
+            if gated_triton_is_default is not None and gated_triton_is_default(self.config):
+                return "gated_triton"
+            chosen = super().get_correct_attn_implementation(requested_attention, is_init_check)
+            if gated_triton_is_default is None:  # on a CUDA GPU the fused kernel would have run
+                log = logger.warning_once if torch.cuda.is_available() else logger.info
+                log(f"GatedQwen: attention runs as {chosen!r} with a separate sigmoid gate; {FUSED_KERNEL_HINT}")
+            return chosen
         return super().get_correct_attn_implementation(requested_attention, is_init_check)
 
     def _init_weights(self, module: nn.Module) -> None:

@@ -116,8 +116,9 @@ def _load_model(path: str, dtype: str, device: str):
     import torch
     from transformers import PreTrainedConfig
 
-    from .. import GatedQwenConfig, GatedQwenForCausalLM, GatedQwenMoeForCausalLM
+    from .. import GatedQwenForCausalLM, GatedQwenMoeForCausalLM
     from ..configuration_gated import GATED_MODEL_TYPES
+    from ..conversion.loading import gated_config_dict
 
     if not (Path(path) / "config.json").is_file():
         raise ValueError(f"MODEL {path!r} is not a model folder (no config.json); pass a folder written by "
@@ -125,7 +126,7 @@ def _load_model(path: str, dtype: str, device: str):
     config_dict, _ = PreTrainedConfig.get_config_dict(path)
     try:
         if config_dict.get("model_type") not in GATED_MODEL_TYPES:  # another format: its GatedQwen config
-            config_dict = GatedQwenConfig.checkpoint_reader.config_dict(config_dict, {})
+            config_dict = gated_config_dict(config_dict, {})
         moe = config_dict["model_type"] == GatedQwenMoeForCausalLM.config_class.model_type
         causal_lm = GatedQwenMoeForCausalLM if moe else GatedQwenForCausalLM
     except CONFIG_VALUE_ERRORS as error:

@@ -1,20 +1,26 @@
 """The load-time adapter: `from_pretrained` reads a folder of another format (the paper's release, stock Qwen3 /
 Qwen3-MoE, Qwen3.5 / Qwen3-Next) directly, through Transformers' load-time weight conversion.
 
-`READER` is what `gated_qwen.register()` installs as `configuration_gated.CHECKPOINT_READER` (the code a saved folder
-ships has none). For such a folder it translates config.json (`FormatDescription.config_fields`) and loads the
-tensors with the format's rules turned into `WeightConverter`s. Transformers looks conversions up by the class of the
-model it builds, so the folder is loaded through a *reading class*: a subclass of the requested class, one per
-(class, format), whose name the format's converters are registered under; the loaded model is then given back its
-own class, so it computes, saves (in the gated_qwen layout) and reports itself as that class. A gated_qwen folder
-never meets a converter: it loads as Transformers loads any model (with Qwen3-MoE's expert layout for a mixture of
-experts, registered in `modeling_gated_moe.py`).
+The code a saved folder ships reads gated_qwen folders only; `read_other_formats`, which `gated_qwen.register()`
+calls, gives the package's classes (`GatedQwenConfig`, `GatedQwenPreTrainedModel` and their subclasses) a
+`get_config_dict` and a `from_pretrained` that also read these formats. For such a folder they translate config.json
+(`FormatDescription.config_fields`) and load the tensors with the format's rules turned into `WeightConverter`s.
+Transformers looks conversions up by the class of the model it builds, so the folder is loaded through a *reading
+class*: a subclass of the requested class, one per (class, format), whose name the format's converters are
+registered under; the loaded model is then given back its own class, so it computes, saves (in the gated_qwen
+layout) and reports itself as that class. A gated_qwen folder never meets a converter: it loads as Transformers loads
+any model (with Qwen3-MoE's expert layout for a mixture of experts, registered in `modeling_gated_moe.py`). Either
+way a folder that lacks a gate tensor its config has, or holds one of another shape, is refused rather than
+starting that gate at random.
 
 A local folder's tensors are checked against its config.json from the safetensors headers before anything is read
 (`FormatDescription.check` and the structural check of `structure.py`), so a mismatch is one error that names the
 tensor, not Transformers' conversion report. Quantized loading (`quantization_config`) reads gated_qwen folders
 only: Transformers' quantizers take one tensor per conversion, and these conversions make several of one (the gate
 rows of a packed q_proj); such a folder is refused, naming `gated-qwen convert`.
+
+Transformers internals this relies on (tests/test_transformers_compat.py runs them under every version supported):
+conversions are looked up by the model class's name, and `model.__class__` may be reassigned after loading.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from transformers.conversion_mapping import register_checkpoint_conversion_mappi
 from transformers.core_model_loading import ConversionOps, WeightConverter
 from transformers.utils import logging
 
-from ..configuration_gated import FIELDS, CheckpointReader, GatedQwenConfig
+from ..configuration_gated import FIELDS, GATED_MODEL_TYPES, GatedQwenConfig, model_type_error
 from .errors import CheckpointFormatError
 from .formats import FORMATS, description, format_of
 from .plans import gated_config
@@ -45,56 +51,113 @@ logger = logging.get_logger(__name__)
 DOWNLOAD_KWARGS = ("cache_dir", "force_download", "proxies", "token", "revision", "local_files_only", "subfolder")
 
 
-class Reader(CheckpointReader):
-    """Reads the folders of `formats.FORMATS` (see the module docstring)."""
+def read_other_formats(config_class: type, model_class: type) -> None:
+    """Gives `config_class` (GatedQwenConfig) and `model_class` (GatedQwenPreTrainedModel), and so their subclasses,
+    the `get_config_dict` and `from_pretrained` of this module. Idempotent."""
 
-    def config_dict(self, config_dict: dict, kwargs: dict) -> dict:
-        """GatedQwen's config.json of a folder in one of the formats; gate fields among `kwargs` (removed from it)
-        add a gate to a stock Qwen3 / Qwen3-MoE model."""
-        name = format_of(config_dict)
-        gate = {field: kwargs.pop(field) for field in FIELDS if field in kwargs}
-        if gate and not FORMATS[name].takes_gate:
-            raise CheckpointFormatError(
-                f"gate fields {sorted(gate)} can only be added to a stock Qwen3 or Qwen3-MoE model; this folder is in "
-                f"the {name} format ({FORMATS[name].summary}), whose gate is given by its checkpoint."
-            )
-        fields = description(name).config_fields(config_dict, gate or None)
-        if gate:
-            logger.warning_once(A7_NOTE)
-        dtype = source_dtype(config_dict)
-        model_type = "gated_qwen_moe" if "num_experts" in fields else "gated_qwen"
-        return dict(fields, model_type=model_type, **({"dtype": dtype} if dtype else {}))
+    def get_config_dict(cls, pretrained_model_name_or_path, **kwargs):
+        """config.json of a GatedQwen folder of this model type, or of a folder in a format the gated_qwen package
+        reads (the paper's release, stock Qwen3 / Qwen3-MoE, Qwen3.5 text / Qwen3-Next with every layer full
+        attention) turned into GatedQwen's fields (gate fields among `kwargs` then add a gate to a stock Qwen3 /
+        Qwen3-MoE model). A folder of the other GatedQwen model type is refused, naming the class that reads it."""
+        config_dict, kwargs = super(config_class, cls).get_config_dict(pretrained_model_name_or_path, **kwargs)
+        if config_dict.get("model_type") not in GATED_MODEL_TYPES:
+            config_dict = gated_config_dict(config_dict, kwargs)
+        if config_dict["model_type"] != cls.model_type:
+            raise ValueError(model_type_error(cls, config_dict, str(pretrained_model_name_or_path)))
+        return config_dict, kwargs
 
-    def from_pretrained(self, model_class, pretrained_model_name_or_path, *args, **kwargs):
-        config_dict, _ = PreTrainedConfig.get_config_dict(
-            pretrained_model_name_or_path, **{k: kwargs[k] for k in DOWNLOAD_KWARGS if k in kwargs})
-        name = format_of(config_dict)
-        if name is None:
-            return None
-        if kwargs.get("quantization_config") is not None:
-            raise CheckpointFormatError(
-                f"{pretrained_model_name_or_path} is in the {name} format, read through load-time conversions that "
-                "split a tensor into several (the gate rows of q_proj, a new gate), and Transformers' quantizers "
-                "take one tensor per conversion. Convert it first (gated-qwen convert SRC DST --from "
-                f"{name}), then load DST with quantization_config."
-            )
-        folder = Path(pretrained_model_name_or_path, kwargs.get("subfolder") or "")
-        if folder.is_dir() and any(folder.glob("*.safetensors*")):
-            config = kwargs.get("config")
-            if not isinstance(config, GatedQwenConfig):  # the config the model will have (a copy of the kwargs)
-                config = gated_config(self.config_dict(config_dict, dict(kwargs)))
-            check_folder(folder, name, config)
-        from ..modeling_gated import GatedQwenPreTrainedModel
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """Transformers' `from_pretrained`, which also reads the paper's release, stock Qwen3 / Qwen3-MoE and
+        Qwen3.5 / Qwen3-Next folders (a mixture of experts only through the GatedQwenMoe* classes). A folder that
+        lacks a gate tensor its config has, or holds one of another shape (even with
+        `ignore_mismatched_sizes=True`), is refused rather than starting that gate at random. The loaded model
+        saves in the gated_qwen format."""
+        wants_info = kwargs.get("output_loading_info", False)
+        allows_mismatch = kwargs.get("ignore_mismatched_sizes", False)
+        # Loaded either way, so that a mismatch is refused below by name (Transformers raises a RuntimeError that
+        # points at its log); with the caller's ignore_mismatched_sizes=True only non-gate tensors may be re-started.
+        kwargs.update(output_loading_info=True, ignore_mismatched_sizes=True)
+        model, info = (read_folder(cls, model_class, pretrained_model_name_or_path, *args, **kwargs)
+                       or super(model_class, cls).from_pretrained(pretrained_model_name_or_path, *args, **kwargs))
+        refuse_unloaded_tensors(model, info, allows_mismatch)
+        return (model, info) if wants_info else model
 
-        # Transformers' own from_pretrained (past GatedQwen's, which asked this reader) on the reading class.
-        model, info = super(GatedQwenPreTrainedModel, reading_class(model_class, name)).from_pretrained(
-            pretrained_model_name_or_path, *args, **kwargs)
-        model.__class__ = model_class  # it computes, saves and reports itself as the class asked for
-        model._weight_conversions = None  # saved with `model_class`'s own conversions: the gated_qwen layout
-        return model, info
+    config_class.get_config_dict = classmethod(get_config_dict)
+    model_class.from_pretrained = classmethod(from_pretrained)
 
 
-READER = Reader()
+def gated_config_dict(config_dict: dict, kwargs: dict) -> dict:
+    """GatedQwen's config.json of a folder in one of the formats whose config.json is `config_dict`; gate fields
+    among `kwargs` (removed from it) add a gate to a stock Qwen3 / Qwen3-MoE model."""
+    name = format_of(config_dict)
+    gate = {field: kwargs.pop(field) for field in FIELDS if field in kwargs}
+    if gate and not FORMATS[name].takes_gate:
+        raise CheckpointFormatError(
+            f"gate fields {sorted(gate)} can only be added to a stock Qwen3 or Qwen3-MoE model; this folder is in "
+            f"the {name} format ({FORMATS[name].summary}), whose gate is given by its checkpoint."
+        )
+    fields = description(name).config_fields(config_dict, gate or None)
+    if gate:
+        logger.warning_once(A7_NOTE)
+    dtype = source_dtype(config_dict)
+    model_type = "gated_qwen_moe" if "num_experts" in fields else "gated_qwen"
+    return dict(fields, model_type=model_type, **({"dtype": dtype} if dtype else {}))
+
+
+def read_folder(model_class: type, base: type, pretrained_model_name_or_path, *args, **kwargs):
+    """`model_class.from_pretrained(...)` (with `output_loading_info`: `(model, loading info)`) of a folder in one of
+    the formats, through its reading class; None for a gated_qwen folder. `base`: the class whose own
+    `from_pretrained` this is (Transformers' runs past it)."""
+    config_dict, _ = PreTrainedConfig.get_config_dict(
+        pretrained_model_name_or_path, **{k: kwargs[k] for k in DOWNLOAD_KWARGS if k in kwargs})
+    name = format_of(config_dict)
+    if name is None:
+        return None
+    if kwargs.get("quantization_config") is not None:
+        raise CheckpointFormatError(
+            f"{pretrained_model_name_or_path} is in the {name} format, read through load-time conversions that "
+            "split a tensor into several (the gate rows of q_proj, a new gate), and Transformers' quantizers "
+            "take one tensor per conversion. Convert it first (gated-qwen convert SRC DST --from "
+            f"{name}), then load DST with quantization_config."
+        )
+    folder = Path(pretrained_model_name_or_path, kwargs.get("subfolder") or "")
+    if folder.is_dir() and any(folder.glob("*.safetensors*")):
+        config = kwargs.get("config")
+        if not isinstance(config, GatedQwenConfig):  # the config the model will have (a copy of the kwargs)
+            config = gated_config(gated_config_dict(config_dict, dict(kwargs)))
+        check_folder(folder, name, config)
+    model, info = super(base, reading_class(model_class, name)).from_pretrained(
+        pretrained_model_name_or_path, *args, **kwargs)
+    model.__class__ = model_class  # it computes, saves and reports itself as the class asked for
+    model._weight_conversions = None  # saved with `model_class`'s own conversions: the gated_qwen layout
+    return model, info
+
+
+def refuse_unloaded_tensors(model, info: dict, allows_mismatch: bool) -> None:
+    """Refuses a loaded model whose loading `info` says a gate tensor was missing or of another shape, or (unless
+    `allows_mismatch`) any tensor of another shape, naming it."""
+    mismatched = sorted((key if isinstance(key, tuple) else (key, None, None)) for key in info["mismatched_keys"])
+    not_loaded = sorted(name for name in [*info["missing_keys"], *(name for name, *_ in mismatched)]
+                        if ".self_attn.gate." in name)
+    if not_loaded:
+        missing = not_loaded[0] in info["missing_keys"]
+        raise ValueError(
+            f"the checkpoint has {'no tensor' if missing else 'a tensor of another shape'} for {not_loaded[0]}"
+            + (f" (and {len(not_loaded) - 1} more gate tensors)" if len(not_loaded) > 1 else "")
+            + f", yet its config has a gate (gate_position={model.config.gate_position!r}); refusing to start "
+            "that gate at random. Load the folder with the config it was saved with, or pass gate fields only to "
+            "add a gate to a stock Qwen3 folder."
+        )
+    if mismatched and not allows_mismatch:
+        name, stored, expected = mismatched[0]
+        shapes = f" has shape {list(stored)}, not the {list(expected)} its config gives" if stored else (
+            " has another shape than its config gives")
+        raise ValueError(
+            f"the checkpoint's {name}{shapes}" + (f" (and {len(mismatched) - 1} more tensors)" if len(mismatched)
+                                                  > 1 else "")
+            + "; load the folder with the config it was saved with (ignore_mismatched_sizes=True would start "
+            "such tensors, other than the gate's, at random).")
 
 
 def check_folder(folder: Path, name: str, config) -> None:

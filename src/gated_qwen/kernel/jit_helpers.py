@@ -6,7 +6,7 @@ with more than 2**31 elements (B=8, S=32k, H=32, D=128 in a [B, H, S, D] layout,
 correctly; offsets inside a tile stay int32. Imported only where Triton is installed.
 """
 
-from .gated_attention_common import HAS_APPROX_FDIV, tl, triton
+from .launch import HAS_APPROX_FDIV, tl, triton
 
 APPROX_FDIV = tl.constexpr(HAS_APPROX_FDIV)
 

@@ -1,74 +1,14 @@
-"""What the fused gated-attention kernel modules share on the host side: the optional Triton import, the interpreter
-switch, the block configurations the autotuner may try on each GPU architecture, and launch helpers.
+"""The block configurations the autotuner may try, per kernel, GPU architecture family, head-dim class and Triton
+version, and the autotuner's hooks that apply them (`autotune_configs`, `prune_configs`).
 
-Triton is optional: without it this module still imports (`triton` is None) and the kernel modules, which define
-their `@triton.jit` functions at module level, are simply not imported (see `gated_attention.py`).
-Relative imports only: the kernel files are copied to the Hugging Face Hub beside the modeling file.
+Adding a tile is one tuple here (CONTRIBUTING.md, "Adding a kernel tile"); tests/test_kernel_aot.py compiles every
+entry for sm_80 and sm_90. The tables import without Triton (tests/kernel_aot.py and benchmarks/gpu_check.py read
+them); `triton.Config`s are built only when the kernels are defined.
 """
-
-import inspect
-import os
-import re
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-
-    TRITON_IMPORT_ERROR: BaseException | None = None
-except ImportError as _err:  # the package must import on machines without Triton
-    triton = None
-    tl = None
-    TRITON_IMPORT_ERROR = _err
-
-# Read once at import: `@triton.jit` captures the interpreter switch when the kernels are defined.
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-LOG2E = 1.4426950408889634
-# `tl.math.fdiv(..., approx=True)` (div.approx.f32) exists from Triton 3.9; Triton 3.7 (torch 2.13's CUDA pin) has no
-# `approx`, and its plain `fdiv` lowers to div.full.f32 (also within 2 ulp, no slow-path subroutine).
-HAS_APPROX_FDIV = triton is not None and "approx" in inspect.signature(tl.math.fdiv).parameters
-TRITON_VERSION = tuple(int(p) for p in re.findall(r"\d+", triton.__version__)[:2]) if triton is not None else (0, 0)
-
-
-def _interpreter_scalar_index_fix() -> None:
-    """Let loops with run-time bounds (`for start_n in range(lo, hi, BLOCK_N)`) run under the interpreter of
-    Triton < 3.7 with NumPy >= 2.4.
-
-    That interpreter holds a scalar as a one-element array and turns it into a Python int with `int(array)`, which
-    NumPy 2.4 refuses ("only 0-dimensional arrays can be converted to Python scalars"); Triton 3.7 squeezes the
-    array first. This wraps the interpreter's patching of `tl.tensor` (redone at every kernel call; 3.6 undoes it
-    after the call) to squeeze the same way. It touches the interpreter only: compiled kernels are unaffected."""
-    from triton.runtime import interpreter
-
-    patch_tensor = interpreter._patch_lang_tensor
-    if getattr(patch_tensor, "squeezes_scalars", False):  # a second copy of this module (Hub remote code)
-        return
-
-    def patch_tensor_with_squeeze(tensor, *scope):  # 3.6 passes the scope that undoes the patch; 3.5 none
-        patch_tensor(tensor, *scope)
-        index = lambda self: int(self.handle.data.squeeze())
-        if scope:
-            scope[0].set_attr(tensor, "__index__", index)
-        else:
-            tensor.__index__ = index
-
-    patch_tensor_with_squeeze.squeezes_scalars = True
-    interpreter._patch_lang_tensor = patch_tensor_with_squeeze
-
-
-if triton is not None and INTERPRET and TRITON_VERSION < (3, 7):
-    _interpreter_scalar_index_fix()
-# CUDA grid limits: axis 0 up to 2**31 - 1 programs, axes 1 and 2 up to 65535. Every launch puts
-# (blocks per sequence × sequences) on axis 0 and heads on axis 1.
-MAX_GRID_X = 2**31 - 1
-MAX_GRID_YZ = 65535
-
-
-def triton_available() -> bool:
-    """True when Triton is importable and the kernels can run somewhere: on a CUDA GPU, or under the interpreter."""
-    return triton is not None and (INTERPRET or torch.cuda.is_available())
-
+from .launch import INTERPRET, TRITON_VERSION, triton
 
 # --------------------------------------------------------------------------------------------------------------------
 # Block configurations per GPU architecture
@@ -230,57 +170,3 @@ def space_entries(kernel: str, family: str, head_dims: int) -> list[tuple[int, i
         if TRITON_VERSION < below and (kernel, family, head_dims) in replacements:
             return replacements[kernel, family, head_dims]
     return TUNING_SPACE[kernel][family][head_dims]
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# Launch helpers
-# --------------------------------------------------------------------------------------------------------------------
-
-
-def flag_heuristics(*, gate: str | None = "G", headwise: bool = True, upcast_from: str | None = "Q") -> dict:
-    """`triton.heuristics` values derived from the launch arguments: BLOCK_D (the head dim padded to a power of two,
-    at least 16 for tl.dot), IS_VARLEN (cu_seqlens given), HAS_GATE / GATE_HEADWISE (a gate given; one logit per
-    head, for kernels that treat it apart), UPCAST (bf16 tiles are computed in fp32 under the interpreter, whose bf16
-    arithmetic is wrong)."""
-    values = {
-        "BLOCK_D": lambda args: max(16, triton.next_power_of_2(args["HEAD_DIM"])),
-        "IS_VARLEN": lambda args: args["cu_seqlens_q"] is not None,
-    }
-    if upcast_from is not None:
-        values["UPCAST"] = lambda args: INTERPRET and args[upcast_from].dtype == torch.bfloat16
-    if gate is not None:
-        values["HAS_GATE"] = lambda args: args[gate] is not None
-    if gate is not None and headwise:
-        values["GATE_HEADWISE"] = lambda args: (
-            args[gate] is not None and args[gate].shape[-1] == 1 and args["HEAD_DIM"] != 1)
-    return values
-
-
-def strides4(t: torch.Tensor | None, packed: bool) -> tuple[int, int, int, int]:
-    """(batch, row, head, dim) strides of `[B, S, H, D]`, or of a packed `[T, H, D]` tensor with batch stride 0 (its
-    rows come from cu_seqlens). A headwise gate `[..., 1]` gets dim stride 0; None gets zeros."""
-    if t is None:
-        return (0, 0, 0, 0)
-    strides = ((0,) if packed else ()) + tuple(t.stride())
-    return strides[:3] + ((0,) if t.shape[-1] == 1 else (strides[3],))
-
-
-def lse_strides(lse: torch.Tensor, packed: bool, seqlen_q: int) -> tuple[int, int]:
-    """(head, batch) strides of the logsumexp `[Hq, rows]`: row of (b, i) is `b · seqlen_q + i` (dense) or the
-    packed row (varlen, batch stride 0)."""
-    return (lse.stride(0), 0 if packed else seqlen_q)
-
-
-def seq_bucket(n: int) -> int:
-    """Autotune key for a sequence length: the next power of two, so the tuner runs once per size class (not once per
-    length) and a short self-check problem does not decide the tiles of a long one."""
-    return 1 << max(int(n) - 1, 0).bit_length()
-
-
-def grid_2d(blocks_per_sequence: int, n_batch: int, heads: int) -> tuple[int, int]:
-    """The grid `(blocks × sequences, heads)`; raises if a CUDA limit would be exceeded instead of launching wrong."""
-    grid = (blocks_per_sequence * n_batch, heads)
-    if grid[0] > MAX_GRID_X or grid[1] > MAX_GRID_YZ:
-        raise ValueError(f"launch grid {grid} exceeds the CUDA limits ({MAX_GRID_X}, {MAX_GRID_YZ}): "
-                         f"{n_batch} sequences × {blocks_per_sequence} blocks, {heads} heads")
-    return grid

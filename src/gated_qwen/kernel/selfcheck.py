@@ -7,16 +7,16 @@ the `gated_triton` backend runs it once per combination and falls back to SDPA +
 It uses its own random generator (the caller's random state is untouched) and takes milliseconds on a GPU (plus the
 kernel's compilation, which the real call would pay anyway).
 
-Relative imports only (copied to the Hub beside the modeling file); nothing from Transformers.
+Nothing from Transformers.
 """
 
 import dataclasses
 
 import torch
 
-from .gated_attention import gated_attention
-from .gated_attention_common import INTERPRET
-from .gated_attention_naive import naive_gated_attention
+from . import gated_attention
+from .launch import INTERPRET
+from .naive import naive_gated_attention
 
 # Bounds on max |kernel − reference| / max |reference| per tensor (reference in fp32 on the same rounded inputs).
 # Several times the errors the kernel's tests accept: the check exists to catch broken code, not rounding.

@@ -6,7 +6,7 @@ with `S_q` queries and `S_k` keys sees keys `j <= i + S_k - S_q`), and packed va
 `cu_seqlens` offsets (the FlashAttention varlen convention). A query row that sees no key outputs zeros and receives
 zero gradients.
 
-Same signature as `gated_attention.gated_attention`; slow (materialises the score matrix), differentiable
+Same signature as `gated_attention` (`parallel.py`); slow (materialises the score matrix), differentiable
 with ordinary autograd, computed in fp32 (fp64 when the inputs are fp64) and returned in the dtype of `q`.
 This module imports nothing but torch.
 """

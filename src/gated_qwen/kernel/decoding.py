@@ -13,8 +13,8 @@ import functools
 
 import torch
 
-from .gated_attention_common import INTERPRET, LOG2E, flag_heuristics, grid_2d, lse_strides, strides4, tl, triton
-from .gated_attention_prologue import lse_offset, program_coords, reciprocal, row_offset, sequence_bounds, sigmoid
+from .jit_helpers import lse_offset, program_coords, reciprocal, row_offset, sequence_bounds, sigmoid
+from .launch import INTERPRET, LOG2E, flag_heuristics, grid_2d, lse_strides, strides4, tl, triton
 
 MAX_SPLITS = 128
 
