@@ -5,6 +5,7 @@ config's allowed values."""
 
 import ast
 import copy
+import importlib
 import json
 import re
 import typing
@@ -210,3 +211,47 @@ def test_the_gate_registry_is_the_one_source_of_the_configs_values():
     assert {k: fields[k].default for k in gating.DEFAULTS} == gating.DEFAULTS
     defined = {*configuration_gated.__all__, *modeling_gated.__all__, *modeling_gated_moe.__all__, "register"}
     assert set(gated_qwen.__all__) == defined
+
+
+def _strings_compared(tree: ast.AST):
+    """`(line, string)` for every string literal that a comparison, a `match` case or a subscript holds (directly or
+    in a tuple, list or set literal): where code matches a name."""
+    def literals(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            yield node.value
+        elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            for element in node.elts:
+                yield from literals(element)
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+        elif isinstance(node, ast.MatchValue):
+            operands = [node.value]
+        elif isinstance(node, ast.Subscript):
+            operands = [node.slice]
+        else:
+            continue
+        for operand in operands:
+            for value in literals(operand):
+                yield node.lineno, value
+
+
+def test_no_format_name_is_compared_outside_its_own_module():
+    """A checkpoint format's name (`--from` / `--to`) is matched as a string only in the module that defines its
+    `Format`: everywhere else code asks the format object (so a new format is its module and one registry line)."""
+    from gated_qwen import conversion
+    from gated_qwen.conversion.formats import FORMATS
+
+    owners = {}
+    for path in (PACKAGE / "conversion").glob("*.py"):
+        module = importlib.import_module(f"gated_qwen.conversion.{path.stem}" if path.stem != "__init__" else
+                                         conversion.__name__)
+        owners |= {fmt.name: path for fmt in FORMATS.values() if any(value is fmt for value in vars(module).values())
+                   and path.stem != "formats"}
+    assert set(owners) == set(FORMATS)  # every format is defined in a module of conversion/
+    found = [f"{path.relative_to(PACKAGE)}:{line} matches {value!r}"
+             for path in sorted(PACKAGE.rglob("*.py"))
+             for line, value in _strings_compared(ast.parse(path.read_text()))
+             if value in FORMATS and owners[value] != path]
+    assert not found, "\n".join(found)

@@ -700,16 +700,18 @@ def _patched_import(monkeypatch, edit):
     monkeypatch.setattr(plans, "plan_import", planner)
 
 
-def _patched_export(monkeypatch, module, name, edit):
-    """The export of the format described by `module.name` edited by `edit(plan)` before it is written."""
-    description = getattr(module, name)
+def _patched_export(monkeypatch, name, edit):
+    """The export of format `name` (its `Format` in the registry) edited by `edit(plan)` before it is written."""
+    from gated_qwen.conversion.formats import FORMATS
 
-    def export(ckpt):
-        config, plan = description.export(ckpt)
+    fmt = FORMATS[name]
+
+    def export(ckpt, **options):
+        config, plan = fmt.export(ckpt, **options)
         edit(plan)
         return config, plan
 
-    monkeypatch.setattr(module, name, dataclasses.replace(description, export=export))
+    monkeypatch.setitem(FORMATS, name, dataclasses.replace(fmt, export=export))
 
 
 STRUCTURE_FAULTS = {  # what the fault does to the plan -> the message
@@ -737,9 +739,7 @@ def test_incomplete_plans_are_refused_even_without_verification(qwen3_sources, t
 
 
 def test_export_plans_are_checked_against_the_stock_class(gated_source, tmp_path, capsys, monkeypatch):
-    from gated_qwen.conversion import qwen3_5 as qwen3_5_module
-
-    _patched_export(monkeypatch, qwen3_5_module, "QWEN3_5", lambda plan: plan.pop("model.layers.0.self_attn.q_proj.weight"))
+    _patched_export(monkeypatch, "qwen3_5", lambda plan: plan.pop("model.layers.0.self_attn.q_proj.weight"))
     cli_refuses(capsys, ["convert", str(gated_source), str(tmp_path / "dst"), "--to", "qwen3_5", "--no-verify"],
                 "missing (model.layers.0.self_attn.q_proj.weight)", tmp_path / "dst")
 
@@ -761,8 +761,8 @@ def test_written_files_and_config_are_checked(qwen3_sources, tmp_path, capsys, m
                     "the written weights differ from the plan at model.layers.0.mlp.up_proj.weight", dst)
     write_config = conversion._write_config
 
-    def config_without_vocab_size(config, folder, kind):
-        write_config(config, folder, kind)
+    def config_without_vocab_size(config, folder, result):
+        write_config(config, folder, result)
         data = json.loads((folder / "config.json").read_text())
         del data["vocab_size"]
         (folder / "config.json").write_text(json.dumps(data))

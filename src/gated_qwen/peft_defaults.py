@@ -32,13 +32,16 @@ def register_peft_defaults() -> bool:
         from peft.utils import constants
     except ImportError:
         return False
+    from transformers import Qwen3Config, Qwen3MoeConfig
+
+    qwen3, qwen3_moe = Qwen3Config.model_type, Qwen3MoeConfig.model_type  # the keys of PEFT's dicts
     for name, mapping in vars(constants).items():
         if not (name.startswith("TRANSFORMERS_MODELS_TO_") and name.endswith("_MODULES_MAPPING")):
             continue
-        if isinstance(mapping, dict) and "qwen3" in mapping:
-            mapping.setdefault("gated_qwen", with_gate(mapping["qwen3"]))
-            if "qwen3_moe" in mapping:
-                mapping.setdefault("gated_qwen_moe", with_gate(mapping["qwen3_moe"]))
-            elif not MLP_PROJECTIONS & set(mapping["qwen3"]):
-                mapping.setdefault("gated_qwen_moe", with_gate(mapping["qwen3"]))
+        if isinstance(mapping, dict) and qwen3 in mapping:
+            mapping.setdefault("gated_qwen", with_gate(mapping[qwen3]))
+            if qwen3_moe in mapping:
+                mapping.setdefault("gated_qwen_moe", with_gate(mapping[qwen3_moe]))
+            elif not MLP_PROJECTIONS & set(mapping[qwen3]):
+                mapping.setdefault("gated_qwen_moe", with_gate(mapping[qwen3]))
     return True

@@ -14,9 +14,10 @@ GatedQwen checkpoint. Formats:
 - `"qwen3_next"`: GatedQwen (G1 sigmoid gate), or GatedQwen-MoE with a shared expert, <-> Qwen3-Next with every layer
   full attention, dense or mixture-of-experts (see `qwen3_5.py`).
 
-The formats are a registry (`formats.py`) from which `FROM_FORMATS`, `TO_FORMATS` and the command line's choices
-come; each format is described once (`rules.py`: its config translation and per-tensor rules) in its module, and the
-same description is what `from_pretrained` reads such a folder with (`loading.py`). Its refusals reach the caller as
+Each format is one `Format` object (`format.py`) in its own module, which carries everything about it (detection,
+config translation and tensor rules, export and its options, the models that read and check it); `formats.py`
+registers it with one line, and `FROM_FORMATS`, `TO_FORMATS` and the command line's choices come from there. The same
+object is what `from_pretrained` reads such a folder with (`loading.py`). Its refusals reach the caller as
 `ConversionError`s that name the format flag. Every conversion streams tensors (one output shard in memory at a time), writes sharded safetensors with an
 index, shows progress, and writes `dst` through `gated_qwen.outputs` (refused when it is, contains or lies inside
 `src`; built in a staging folder beside it and renamed into place only when complete; an existing `dst` replaced
@@ -34,32 +35,81 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..outputs import CONFIG_VALUE_ERRORS, OutputError, clean_stale, output_folder, say
 from .errors import CheckpointFormatError, ConversionError, VerificationError
-from .formats import FORMATS, FROM_FORMATS, TO_FORMATS
+from .format import Format
+from .formats import FORMATS, FROM_FORMATS, GATED, TO_FORMATS
 from .verify import VERIFY_MAX_PARAMETERS, VERIFY_RTOL
 
 
-def _write_config(config, folder: Path, kind: str) -> None:
-    """config.json (for GatedQwen / GatedQwen-MoE plus the modeling files, so the folder loads with
-    `trust_remote_code=True` without the package)."""
-    if kind == "release":
+@dataclass(frozen=True)
+class _Request:
+    """What `convert` is asked: the format, the direction (`export`: `--to`), the gate to add and the export's
+    options."""
+
+    fmt: Format
+    export: bool
+    add_gate: str | dict | None
+    options: dict
+
+    @property
+    def flag(self) -> str:
+        """The command line's name of the format and direction, which refusals start with."""
+        return f"{'--to' if self.export else '--from'} {self.fmt.name}"
+
+    @property
+    def source(self) -> Format:
+        return GATED if self.export else self.fmt
+
+    @property
+    def result(self) -> Format:
+        return self.fmt if self.export else GATED
+
+
+def _request(from_format, to_format, add_gate, allow_o_proj_bias: bool) -> _Request:
+    """The request that `convert`'s arguments make, or the ConversionError that says what is wrong with them."""
+    if (from_format is None) == (to_format is None):
+        raise ConversionError("give exactly one of --from FORMAT (import into gated_qwen) or --to FORMAT (export).")
+    export = to_format is not None
+    name, choices = (to_format, TO_FORMATS) if export else (from_format, FROM_FORMATS)
+    if name not in choices:
+        raise ConversionError(f"{'--to' if export else '--from'} {name!r} is not a format; choose one of "
+                              f"{', '.join(choices)}.")
+    fmt = FORMATS[name]
+    if add_gate is not None and (export or not fmt.takes_gate):
+        gated = " and ".join(f"`--from {f}`" for f in FROM_FORMATS if FORMATS[f].takes_gate)
+        raise ConversionError(f"--add-gate applies to {gated} only (stock checkpoints without a gate).")
+    options = {"allow_o_proj_bias": True} if allow_o_proj_bias else {}
+    for option in options:
+        if not export or option not in fmt.export_options:
+            takers = " and ".join(f"--to {f}" for f in TO_FORMATS if option in FORMATS[f].export_options)
+            raise ConversionError(f"--{option.replace('_', '-')} applies to {takers} only.")
+    return _Request(fmt, export, add_gate, options)
+
+
+def _write_config(config, folder: Path, result: Format) -> None:
+    """config.json of the result: a dict as it is (a format no Transformers class reads), a config object with
+    `save_pretrained`, and for a gated_qwen result also the modeling files, so the folder loads with
+    `trust_remote_code=True` without the package."""
+    if isinstance(config, dict):
         from ..outputs import write_json
 
         write_json(folder / "config.json", config)
-    elif kind in ("gated_qwen", "gated_qwen_moe"):
+        return
+    if result is GATED:
         from transformers.dynamic_module_utils import custom_object_save
 
         from .formats import model_class
 
-        causal_lm = model_class(kind)
+        causal_lm = model_class(config.model_type)
         config.architectures = [causal_lm.__name__]
         config.save_pretrained(folder)
         custom_object_save(causal_lm, folder)
-    else:
-        config.save_pretrained(folder)
+        return
+    config.save_pretrained(folder)
 
 
 @contextmanager
@@ -74,40 +124,89 @@ def _refusals_as_conversion_errors(flag: str) -> Iterator[None]:
         raise ConversionError(f"{flag}: {error}") from None
 
 
-def _plan(name: str, export: bool, ckpt, add_gate, export_options: dict):
-    """`(config to write, plan)` of format `name`'s import or export, with a config.json whose values the config
-    classes refuse reported as such."""
+def _import_plan(fmt: Format, ckpt, add_gate):
+    """`(GatedQwen config, plan)` of reading `ckpt` in format `fmt`, with `add_gate` where the format takes one."""
+    from .plans import gated_config, plan_import
+    from .shared import parse_gate, source_dtype
+
+    if ckpt.config.get("model_type") not in fmt.reads:
+        raise ConversionError(f"SRC has model_type={ckpt.config.get('model_type')!r}; `--from {fmt.name}` reads "
+                              f"model_type {' or '.join(repr(t) for t in fmt.reads)}.")
+    config = gated_config(fmt.config_fields(ckpt.config, parse_gate(add_gate) if add_gate is not None else None))
+    config.dtype = source_dtype(ckpt.config)
+    if fmt.check is not None:
+        fmt.check(ckpt.config, config, {tensor: info.shape for tensor, info in ckpt.tensors.items()})
+    return config, plan_import(fmt, ckpt, config)
+
+
+def _plan(request: _Request, ckpt):
+    """`(config to write, plan)` of the request, with a config.json whose values the config classes refuse
+    reported as such."""
     from huggingface_hub.errors import StrictDataclassError
 
-    from .formats import description
-    from .plans import gated_config, plan_import
-    from .qwen3 import parse_gate, source_dtype
-
-    fmt = description(name)
     try:
-        if export:
-            return fmt.export(ckpt, **export_options)
-        reads = FORMATS[name].reads
-        if ckpt.config.get("model_type") not in reads:
-            raise ConversionError(f"SRC has model_type={ckpt.config.get('model_type')!r}; `--from {name}` reads "
-                                  f"model_type {' or '.join(repr(t) for t in reads)}.")
-        config = gated_config(fmt.config_fields(ckpt.config, parse_gate(add_gate) if add_gate is not None else None))
-        config.dtype = source_dtype(ckpt.config)
-        if fmt.check is not None:
-            fmt.check(ckpt.config, config, {tensor: info.shape for tensor, info in ckpt.tensors.items()})
-        return config, plan_import(fmt, ckpt, config)
+        if request.export:
+            return request.fmt.export(ckpt, **request.options)
+        return _import_plan(request.fmt, ckpt, request.add_gate)
     except (ConversionError, CheckpointFormatError):
         raise
     except (StrictDataclassError, *CONFIG_VALUE_ERRORS) as error:  # a value of the wrong type meets Transformers'
         # config classes' handling with any of these (see CONFIG_VALUE_ERRORS)
-        direction = f"a {name} checkpoint" if not export else "a gated_qwen checkpoint"
+        direction = "a gated_qwen checkpoint" if request.export else f"a {request.fmt.name} checkpoint"
         raise ConversionError(
             f"SRC's config.json is not a valid config of {direction}: {' '.join(str(error).split())}"
         ) from None
 
 
-# The exports that serving engines read with their own models and whose o_proj bias they drop (see qwen3_5.py).
-O_PROJ_BIAS_FORMATS = ("qwen3_5", "qwen3_next")
+def _verify_by_default(ckpt) -> bool:
+    """`--verify`'s default: on up to `VERIFY_MAX_PARAMETERS`, said when it is off."""
+    if ckpt.parameter_count <= VERIFY_MAX_PARAMETERS:
+        return True
+    say(f"not verifying: {ckpt.parameter_count / 1e6:.0f}M parameters is more than the default limit of "
+        f"{VERIFY_MAX_PARAMETERS / 1e6:.0f}M; pass --verify to run it anyway (the structure is checked either way).")
+    return False
+
+
+def _kinds(request: _Request, ckpt, config) -> tuple[str, str]:
+    """What the source and the result hold, for the progress bar and the report: the format's name on the foreign
+    side, the model_type on the gated_qwen side (gated_qwen or gated_qwen_moe)."""
+    if request.export:
+        return ckpt.config.get("model_type"), request.fmt.name
+    return request.fmt.name, config.model_type
+
+
+def _write(request: _Request, ckpt, config, plan, folder: Path, shard_size: int | None) -> None:
+    """Writes config.json and the weights of `plan` into `folder`, each checked against the other."""
+    from .io import write_weights
+    from .structure import check_plan, check_written
+
+    _write_config(config, folder, request.result)
+    check_plan(plan, request.result, folder)
+    write_weights(plan, folder, shard_size or max(1, ckpt.largest_file_bytes // 2),
+                  desc=" -> ".join(_kinds(request, ckpt, config)))
+    check_written(folder, plan)
+
+
+def _verify(request: _Request, src: Path, folder: Path, config, allow_pickle: bool) -> None:
+    from .verify import verify
+
+    vocab = config["vocab_size"] if isinstance(config, dict) else config.vocab_size
+    error = verify(src, request.source, folder, request.result, vocab, allow_pickle=allow_pickle)
+    say(f"verified: logits agree to {error:.2g} (max |difference| / max(1, max |logit|); tolerance {VERIFY_RTOL:g})")
+
+
+def _report(request: _Request, dst: Path, result_kind: str, plan: dict, copied: list[str], code_left: list[str]):
+    if request.add_gate is not None:
+        from .shared import A7_NOTE
+
+        say(A7_NOTE)
+    code = [name for name in copied if name.endswith(".py")]
+    if code:
+        say(f"carried SRC's code files {code} (--carry-code): Transformers runs them when DST is loaded with "
+            "trust_remote_code=True.")
+    elif code_left:
+        say(f"not carried: SRC's code files {code_left} (someone else's code; pass --carry-code to carry them).")
+    say(f"wrote {dst} ({result_kind}, {len(plan)} tensors)")
 
 
 def convert(
@@ -137,63 +236,24 @@ def convert(
     refusing it. Raises `ConversionError` (a `ValueError`) with the reason, and `VerificationError` if
     verification fails; nothing is written then.
     """
-    if (from_format is None) == (to_format is None):
-        raise ConversionError("give exactly one of --from FORMAT (import into gated_qwen) or --to FORMAT (export).")
-    export = to_format is not None
-    name, choices = (to_format, TO_FORMATS) if export else (from_format, FROM_FORMATS)
-    if name not in choices:
-        raise ConversionError(f"{'--to' if export else '--from'} {name!r} is not a format; choose one of "
-                              f"{', '.join(choices)}.")
-    if add_gate is not None and (export or not FORMATS[name].takes_gate):
-        gated = " and ".join(f"`--from {f}`" for f in FROM_FORMATS if FORMATS[f].takes_gate)
-        raise ConversionError(f"--add-gate applies to {gated} only (stock checkpoints without a gate).")
-    if allow_o_proj_bias and to_format not in O_PROJ_BIAS_FORMATS:
-        raise ConversionError(f"--allow-o-proj-bias applies to {' and '.join(f'--to {f}' for f in O_PROJ_BIAS_FORMATS)} "
-                              "only.")
-    export_options = {"allow_o_proj_bias": True} if allow_o_proj_bias else {}
-    from .io import Checkpoint, carry_files, files_to_carry, parse_size, write_weights
-    from .structure import check_plan, check_source, check_written
+    request = _request(from_format, to_format, add_gate, allow_o_proj_bias)
+    from .io import Checkpoint, carry_files, files_to_carry, parse_size
+    from .structure import check_source
 
     shard_size = parse_size(max_shard_size) if max_shard_size is not None else None
     src, dst = Path(src), Path(dst)
-    flag = f"{'--to' if export else '--from'} {name}"
-    with _refusals_as_conversion_errors(flag), output_folder(dst, inputs=[src], overwrite=overwrite, label="DST") as tmp:
+    with _refusals_as_conversion_errors(request.flag), output_folder(dst, inputs=[src], overwrite=overwrite,
+                                                                      label="DST") as tmp:
         ckpt = Checkpoint(src, allow_pickle=allow_pickle)
         carried, code_left = files_to_carry(src, carry_code)  # refused now, not after the slow part
-        out_config, plan = _plan(name, export, ckpt, add_gate, export_options)
-        src_kind = "release" if name == "release" and not export else ckpt.config["model_type"]
-        result_kind = FORMATS[name].writes if export else out_config.model_type  # gated_qwen or gated_qwen_moe
-        check_source(ckpt, src_kind)
-        if verify is None:
-            verify = ckpt.parameter_count <= VERIFY_MAX_PARAMETERS
-            if not verify:
-                say(f"not verifying: {ckpt.parameter_count / 1e6:.0f}M parameters is more than the default limit of "
-                    f"{VERIFY_MAX_PARAMETERS / 1e6:.0f}M; pass --verify to run it anyway (the structure is checked "
-                    "either way).")
-        _write_config(out_config, tmp, result_kind)
-        check_plan(plan, result_kind, tmp)
-        write_weights(plan, tmp, shard_size or max(1, ckpt.largest_file_bytes // 2),
-                      desc=f"{src_kind} -> {result_kind}")
-        check_written(tmp, plan)
+        config, plan = _plan(request, ckpt)
+        check_source(ckpt, request.source)
+        verify = _verify_by_default(ckpt) if verify is None else verify
+        _write(request, ckpt, config, plan, tmp, shard_size)
         copied = carry_files(carried, tmp)
         if verify:
-            vocab = out_config["vocab_size"] if isinstance(out_config, dict) else out_config.vocab_size
-            from .verify import verify as run_verification
-
-            error = run_verification(src, src_kind, tmp, result_kind, vocab, allow_pickle=allow_pickle)
-            say(f"verified: logits agree to {error:.2g} (max |difference| / max(1, max |logit|); tolerance "
-                f"{VERIFY_RTOL:g})")
-    if add_gate is not None:
-        from .qwen3 import A7_NOTE
-
-        say(A7_NOTE)
-    code = [name for name in copied if name.endswith(".py")]
-    if code:
-        say(f"carried SRC's code files {code} (--carry-code): Transformers runs them when DST is loaded with "
-            "trust_remote_code=True.")
-    elif code_left:
-        say(f"not carried: SRC's code files {code_left} (someone else's code; pass --carry-code to carry them).")
-    say(f"wrote {dst} ({result_kind}, {len(plan)} tensors)")
+            _verify(request, src, tmp, config, allow_pickle)
+    _report(request, dst, _kinds(request, ckpt, config)[1], plan, copied, code_left)
     return dst
 
 

@@ -4,7 +4,7 @@ Qwen3-MoE, Qwen3.5 / Qwen3-Next) directly, through Transformers' load-time weigh
 The code a saved folder ships reads gated_qwen folders only; `read_other_formats`, which `gated_qwen.register()`
 calls, gives the package's classes (`GatedQwenConfig`, `GatedQwenPreTrainedModel` and their subclasses) a
 `get_config_dict` and a `from_pretrained` that also read these formats. For such a folder they translate config.json
-(`FormatDescription.config_fields`) and load the tensors with the format's rules turned into `WeightConverter`s.
+(`Format.config_fields`) and load the tensors with the format's rules turned into `WeightConverter`s.
 Transformers looks conversions up by the class of the model it builds, so the folder is loaded through a *reading
 class*: a subclass of the requested class, one per (class, format), whose name the format's converters are
 registered under; the loaded model is then given back its own class, so it computes, saves (in the gated_qwen
@@ -14,7 +14,7 @@ way a folder that lacks a gate tensor its config has, or holds one of another sh
 starting that gate at random.
 
 A local folder's tensors are checked against its config.json from the safetensors headers before anything is read
-(`FormatDescription.check` and the structural check of `structure.py`), so a mismatch is one error that names the
+(`Format.check` and the structural check of `structure.py`), so a mismatch is one error that names the
 tensor, not Transformers' conversion report. Quantized loading (`quantization_config`) reads gated_qwen folders
 only: Transformers' quantizers take one tensor per conversion, and these conversions make several of one (the gate
 rows of a packed q_proj); such a folder is refused, naming `gated-qwen convert`.
@@ -40,10 +40,10 @@ from transformers.utils import logging
 
 from ..configuration_gated import FIELDS, GATED_MODEL_TYPES, GatedQwenConfig, model_type_error
 from .errors import CheckpointFormatError
-from .formats import FORMATS, description, format_of
+from .format import Context, Format, Shard, TensorRule, layer_of
+from .formats import format_of
 from .plans import gated_config
-from .qwen3 import A7_NOTE, source_dtype
-from .rules import Context, Shard, TensorRule, layer_of
+from .shared import A7_NOTE, source_dtype
 
 logger = logging.get_logger(__name__)
 
@@ -90,14 +90,14 @@ def read_other_formats(config_class: type, model_class: type) -> None:
 def gated_config_dict(config_dict: dict, kwargs: dict) -> dict:
     """GatedQwen's config.json of a folder in one of the formats whose config.json is `config_dict`; gate fields
     among `kwargs` (removed from it) add a gate to a stock Qwen3 / Qwen3-MoE model."""
-    name = format_of(config_dict)
+    fmt = format_of(config_dict)
     gate = {field: kwargs.pop(field) for field in FIELDS if field in kwargs}
-    if gate and not FORMATS[name].takes_gate:
+    if gate and not fmt.takes_gate:
         raise CheckpointFormatError(
             f"gate fields {sorted(gate)} can only be added to a stock Qwen3 or Qwen3-MoE model; this folder is in "
-            f"the {name} format ({FORMATS[name].summary}), whose gate is given by its checkpoint."
+            f"the {fmt.name} format ({fmt.summary}), whose gate is given by its checkpoint."
         )
-    fields = description(name).config_fields(config_dict, gate or None)
+    fields = fmt.config_fields(config_dict, gate or None)
     if gate:
         logger.warning_once(A7_NOTE)
     dtype = source_dtype(config_dict)
@@ -111,23 +111,23 @@ def read_folder(model_class: type, base: type, pretrained_model_name_or_path, *a
     `from_pretrained` this is (Transformers' runs past it)."""
     config_dict, _ = PreTrainedConfig.get_config_dict(
         pretrained_model_name_or_path, **{k: kwargs[k] for k in DOWNLOAD_KWARGS if k in kwargs})
-    name = format_of(config_dict)
-    if name is None:
+    fmt = format_of(config_dict)
+    if fmt is None:
         return None
     if kwargs.get("quantization_config") is not None:
         raise CheckpointFormatError(
-            f"{pretrained_model_name_or_path} is in the {name} format, read through load-time conversions that "
+            f"{pretrained_model_name_or_path} is in the {fmt.name} format, read through load-time conversions that "
             "split a tensor into several (the gate rows of q_proj, a new gate), and Transformers' quantizers "
             "take one tensor per conversion. Convert it first (gated-qwen convert SRC DST --from "
-            f"{name}), then load DST with quantization_config."
+            f"{fmt.name}), then load DST with quantization_config."
         )
     folder = Path(pretrained_model_name_or_path, kwargs.get("subfolder") or "")
     if folder.is_dir() and any(folder.glob("*.safetensors*")):
         config = kwargs.get("config")
         if not isinstance(config, GatedQwenConfig):  # the config the model will have (a copy of the kwargs)
             config = gated_config(gated_config_dict(config_dict, dict(kwargs)))
-        check_folder(folder, name, config)
-    model, info = super(base, reading_class(model_class, name)).from_pretrained(
+        check_folder(folder, fmt, config)
+    model, info = super(base, reading_class(model_class, fmt)).from_pretrained(
         pretrained_model_name_or_path, *args, **kwargs)
     model.__class__ = model_class  # it computes, saves and reports itself as the class asked for
     model._weight_conversions = None  # saved with `model_class`'s own conversions: the gated_qwen layout
@@ -160,32 +160,30 @@ def refuse_unloaded_tensors(model, info: dict, allows_mismatch: bool) -> None:
             "such tensors, other than the gate's, at random).")
 
 
-def check_folder(folder: Path, name: str, config) -> None:
-    """Refuses the tensors of a local folder in format `name` (read from the safetensors headers) where they
+def check_folder(folder: Path, fmt: Format, config) -> None:
+    """Refuses the tensors of a local folder in format `fmt` (read from the safetensors headers) where they
     disagree with its config.json: the format's own check, then the structural one (every tensor the model its
     config.json describes has, with its shape)."""
     from .io import Checkpoint
-    from .structure import compare, source_layout
+    from .structure import compare, tensor_layout
 
     ckpt = Checkpoint(folder)
     shapes = {tensor: info.shape for tensor, info in ckpt.tensors.items()}
-    if description(name).check is not None:
-        description(name).check(ckpt.config, config, shapes)
-    problem = compare(shapes, source_layout(ckpt, "release" if name == "release" else ckpt.config["model_type"]),
-                      unexpected_ok=True)
+    if fmt.check is not None:
+        fmt.check(ckpt.config, config, shapes)
+    problem = compare(shapes, tensor_layout(fmt, ckpt.config), unexpected_ok=True)
     if problem:
         raise CheckpointFormatError(f"the weights in {str(folder)!r} do not match its config.json: {problem}.")
 
 
 @functools.cache
-def reading_class(model_class: type, name: str) -> type:
-    """The subclass of `model_class` that loads folders of format `name`: the format's rules registered under its
+def reading_class(model_class: type, fmt: Format) -> type:
+    """The subclass of `model_class` that loads folders of format `fmt`: the format's rules registered under its
     name as converters, and the format's ignored tensors (a Qwen3.5 folder's multi-token-prediction heads) expected
     and left out."""
-    fmt = description(name)
-    reading = type(f"{model_class.__name__}From{name.title().replace('_', '')}", (model_class,), {
+    reading = type(f"{model_class.__name__}From{fmt.name.title().replace('_', '')}", (model_class,), {
         "__module__": model_class.__module__,
-        "__doc__": f"{model_class.__name__} reading a folder in the {name} format (gated_qwen.conversion.loading).",
+        "__doc__": f"{model_class.__name__} reading a folder in the {fmt.name} format (gated_qwen.conversion.loading).",
         "_keys_to_ignore_on_load_unexpected": [*(model_class._keys_to_ignore_on_load_unexpected or []),
                                                *(rf"^{prefix}" for prefix in fmt.ignored)],
     })

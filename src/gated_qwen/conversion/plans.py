@@ -1,10 +1,10 @@
-"""The streaming adapter of `gated-qwen convert`: a format's description (`rules.py`) -> a plan, `{output tensor
-name: TensorPlan}` that `io.write_weights` computes shard by shard.
+"""The streaming adapter of `gated-qwen convert`: a format (`format.py`) -> a plan, `{output tensor name:
+TensorPlan}` that `io.write_weights` computes shard by shard.
 
 An import plan (`plan_import`) applies the format's tensor rules to the source's tensors: each output's shape and
 dtype come from running its rule on a `meta` tensor (no data read), its value from running the same rule on the real
 tensor when its shard is written; tensors no rule names pass through. An export is planned by the format itself
-(`FormatDescription.export`), with the bookkeeping and the G1 gate-row helpers below.
+(`Format.export`), with the bookkeeping and the G1 gate-row helpers below.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from ..gating import gate_shape, gated_layers
 from ..modeling_gated import GatedQwenForCausalLM
 from ..modeling_gated_moe import GatedQwenMoeForCausalLM
 from .errors import ConversionError
+from .format import Context, Format, Shard, layer_of, rule_for
 from .io import Checkpoint, TensorPlan
-from .rules import Context, FormatDescription, Shard, layer_of, rule_for
 
 # RMSNorm weights of a Qwen3 decoder, relative to `model.` (Qwen3.5 / Qwen3-Next store all of them zero-centred).
 LAYER_NORMS = ("input_layernorm", "post_attention_layernorm", "self_attn.q_norm", "self_attn.k_norm")
@@ -49,7 +49,7 @@ def load_gated_config(ckpt: Checkpoint, moe: bool = False) -> GatedQwenConfig:
     return CONFIG_CLASSES[model_type].from_dict(ckpt.config)
 
 
-def plan_import(description: FormatDescription, ckpt: Checkpoint, config) -> dict[str, TensorPlan]:
+def plan_import(fmt: Format, ckpt: Checkpoint, config) -> dict[str, TensorPlan]:
     """The tensors of `ckpt` read as the GatedQwen model `config` through the format's rules: each rule's outputs
     (names, shapes and dtypes from the rule run on a meta tensor), the other tensors unchanged, the `ignored` ones
     and a tied `lm_head.weight` left out."""
@@ -59,8 +59,8 @@ def plan_import(description: FormatDescription, ckpt: Checkpoint, config) -> dic
     shard = Shard(config.num_attention_heads, config.num_key_value_heads)
     tmap = TensorMap(ckpt)
     for name in ckpt.tensors:
-        rule = rule_for(description.rules, name)
-        if name.startswith(description.ignored):
+        rule = rule_for(fmt.rules, name)
+        if name.startswith(fmt.ignored):
             tmap.drop(name)
         elif rule is not None:
             prefix = name.removesuffix(rule.source)

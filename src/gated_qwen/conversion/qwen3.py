@@ -13,77 +13,22 @@ Qwen3-MoE applies a sliding window to every layer when `use_sliding_window` is s
 
 from __future__ import annotations
 
-import json
+from typing import TYPE_CHECKING
 
-import torch
-from transformers.utils import logging
-
-from ..gating import ACTIVATIONS, POSITIONS, gated_layers
 from .errors import CheckpointFormatError
-from .rules import Context, FormatDescription, TensorRule
+from .format import Context, Format, TensorRule
+from .release import RELEASE_KEYS
+from .shared import MOE_FIELDS, QWEN3_FIELDS, SLIDING_FIELDS, parse_gate
 
-logger = logging.get_logger(__name__)
-
-# The Qwen3 fields that every format here shares with GatedQwenConfig (same names, same meaning).
-QWEN3_FIELDS = (
-    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-    "num_key_value_heads", "head_dim", "hidden_act", "max_position_embeddings", "initializer_range", "rms_norm_eps",
-    "use_cache", "tie_word_embeddings", "rope_parameters", "attention_bias", "attention_dropout", "pad_token_id",
-    "bos_token_id", "eos_token_id",
-)
-SLIDING_FIELDS = ("use_sliding_window", "sliding_window", "max_window_layers", "layer_types")
-# The mixture-of-experts fields that Qwen3-MoE / Qwen3-Next share with GatedQwenMoeConfig.
-MOE_FIELDS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step",
-              "mlp_only_layers", "router_aux_loss_coef", "output_router_logits")
-
-# Keys of config.json that only the paper's released checkpoints have (a stock Qwen3 config has none of them).
-RELEASE_KEYS = ("headwise_attn_output_gate", "elementwise_attn_output_gate", "qkv_bias")
-
-A7_NOTE = (
-    "Note (Qiu et al. 2025, appendix A.7): adding a gate to an already-trained model does not remove the attention "
-    "sink or the massive activations it has learned. The model computes what the source computes; only further "
-    "training with the gate changes that."
-)
-
-
-def source_dtype(cfg: dict) -> str | None:
-    """The checkpoint dtype a config.json names (`dtype`, or the older `torch_dtype`)."""
-    return cfg.get("dtype") or cfg.get("torch_dtype")
-
-
-SHORTHANDS = {
-    "elementwise": dict(gate_position="sdpa", gate_granularity="elementwise"),
-    "headwise": dict(gate_position="sdpa", gate_granularity="headwise"),
-}
-
-
-def parse_gate(variant: str | dict) -> dict:
-    """`"elementwise"` / `"headwise"` (G1 sigmoid, the paper's two released variants) or a dict / JSON object of
-    gate fields (`sdpa_output_transform` excluded) -> GatedQwenConfig gate fields; `gate_position` defaults to G1."""
-    if isinstance(variant, dict):
-        fields = dict(variant)
-    elif variant in SHORTHANDS:
-        fields = dict(SHORTHANDS[variant])
-    else:
-        try:
-            fields = json.loads(variant)
-        except json.JSONDecodeError:
-            fields = None
-        if not isinstance(fields, dict):
-            raise CheckpointFormatError(
-                f"gate {variant!r} is not a variant: use 'elementwise', 'headwise' or a JSON object of gate fields, "
-                'e.g. \'{"gate_position": "value", "gate_granularity": "headwise"}\'.'
-            )
-    bad = sorted(k for k in fields if not k.startswith("gate_"))
-    if bad:
-        raise CheckpointFormatError(f"an added gate takes gate fields (gate_position, gate_granularity, ...), got {bad}.")
-    fields.setdefault("gate_position", "sdpa")
-    if fields["gate_position"] is None:
-        raise CheckpointFormatError("adding a gate with gate_position=None adds no gate; leave the gate out instead.")
-    return fields
+if TYPE_CHECKING:
+    import torch
 
 
 def _activation(name: str, x: float) -> float:
+    import torch
+
+    from ..gating import ACTIVATIONS
+
     return ACTIVATIONS[name](torch.tensor(x, dtype=torch.float64)).item()
 
 
@@ -102,6 +47,8 @@ def added_gate_init(config) -> tuple[float, str, float]:
     - Additive (`Y + g`): silu and identity add 0; sigmoid and ns_sigmoid add g everywhere, subtracted from the bias
       of the producing projection (v_proj for G1: attention rows sum to 1), so they need `attention_bias=True`.
     Raises `CheckpointFormatError` where no initialisation computes the same function."""
+    from ..gating import POSITIONS
+
     activation, combine = config.gate_activation, config.gate_combine
     free = config.gate_bias or not config.gate_input_dependent
     c = 1.0 if combine == "multiply" and free and _activation(activation, 0.0) == 0 else 0.0
@@ -129,6 +76,8 @@ def added_gate_init(config) -> tuple[float, str, float]:
 def added_gate_targets(config) -> dict[str, str]:
     """`{"self_attn.projection.kind": "scale" | "shift"}`: the tensors of a gated layer that `added_gate_init`
     changes."""
+    from ..gating import POSITIONS
+
     _, action, _ = added_gate_init(config)
     position = config.gate_position
     producer = POSITIONS[position].producer
@@ -216,6 +165,8 @@ def add_gate(context: Context, tensor: torch.Tensor, name: str) -> dict[str, tor
     """The tensor `name` of a stock layer, as the layer with an added gate needs it: unchanged outside the gated
     layers (and without a gate), else changed as `added_gate_init` says; with `o_proj.weight` the new gate tensors,
     shaped as the model's."""
+    from ..gating import gated_layers
+
     config = context.config
     if config.gate_position is None or context.layer not in gated_layers(config):
         return {name: tensor}
@@ -230,5 +181,8 @@ ADDED_GATE_RULES = (
     TensorRule(O_PROJ, (O_PROJ, *NEW_GATE_TENSORS), lambda context, tensor: add_gate(context, tensor, O_PROJ)),
     *(TensorRule(name, (name,), lambda context, tensor, name=name: add_gate(context, tensor, name)) for name in CHANGED),
 )
-QWEN3 = FormatDescription("qwen3", config_fields=qwen3_config_fields, rules=ADDED_GATE_RULES)
-QWEN3_MOE = FormatDescription("qwen3_moe", config_fields=qwen3_moe_config_fields, rules=ADDED_GATE_RULES)
+QWEN3 = Format("qwen3", "stock Transformers Qwen3, optionally with a gate added that changes nothing yet",
+               reads=("qwen3",), config_fields=qwen3_config_fields, rules=ADDED_GATE_RULES, takes_gate=True)
+QWEN3_MOE = Format("qwen3_moe", "stock Transformers Qwen3-MoE, optionally with a gate added that changes nothing yet",
+                   reads=("qwen3_moe",), config_fields=qwen3_moe_config_fields, rules=ADDED_GATE_RULES,
+                   takes_gate=True)

@@ -35,30 +35,22 @@ layers, naming `--from qwen3_next`. Qwen3-Next has no router z-loss: `router_z_l
 from __future__ import annotations
 
 import copy
+from typing import TYPE_CHECKING
 
-import torch
-
-from ..configuration_gated import GatedQwenConfig, GatedQwenMoeConfig
 from .errors import CheckpointFormatError, ConversionError
-from .io import Checkpoint, TensorPlan
-from .plans import (
-    FINAL_NORM,
-    LAYER_NORMS,
-    TensorMap,
-    check_g1_sigmoid,
-    copy_rest,
-    g1_gate_rows,
-    load_gated_config,
-    norm_dtype,
-    shifted_norm,
-    zeros,
-)
-from .qwen3 import MOE_FIELDS, QWEN3_FIELDS, source_dtype
-from .rules import Context, FormatDescription, TensorRule
+from .format import Context, Format, TensorRule
+from .shared import MOE_FIELDS, QWEN3_FIELDS, source_dtype
+
+if TYPE_CHECKING:
+    import torch
+
+    from .io import Checkpoint
 
 
 def interleave_heads(queries: torch.Tensor, gates: torch.Tensor, heads: int) -> torch.Tensor:
     """`queries, gates: [H*D, ...]` -> Qwen3.5 `q_proj` rows `[H*2D, ...]`, per head `[q_h | gate_h]`."""
+    import torch
+
     rest = queries.shape[1:]
     return torch.cat([queries.view(heads, -1, *rest), gates.view(heads, -1, *rest)], dim=1).reshape(-1, *rest)
 
@@ -72,6 +64,8 @@ def split_heads(packed: torch.Tensor, heads: int, part: int) -> torch.Tensor:
 def from_zero_centred(weight: torch.Tensor) -> torch.Tensor:
     """A Qwen3.5 / Qwen3-Next RMSNorm weight `[dim]` (the norm computes `x̂·(1 + w)`) -> GatedQwen's (`x̂·w`):
     `w + 1`, computed in float32 (and kept there for 16-bit weights). `to_zero_centred` is its inverse."""
+    from .plans import norm_dtype
+
     return (weight.float() + 1).to(norm_dtype(weight.dtype))
 
 
@@ -179,6 +173,18 @@ def plan_gated_to_qwen3_5(ckpt: Checkpoint, allow_o_proj_bias: bool = False):
     from transformers import Qwen3_5TextConfig
 
     from ..outputs import say
+    from .io import TensorPlan
+    from .plans import (
+        FINAL_NORM,
+        LAYER_NORMS,
+        TensorMap,
+        check_g1_sigmoid,
+        copy_rest,
+        g1_gate_rows,
+        load_gated_config,
+        shifted_norm,
+        zeros,
+    )
 
     config = load_gated_config(ckpt)
     target = "Qwen3.5"
@@ -237,10 +243,6 @@ def plan_gated_to_qwen3_5(ckpt: Checkpoint, allow_o_proj_bias: bool = False):
     return out, tmap.finish()
 
 
-# The mixture-of-experts fields GatedQwenMoeConfig adds to GatedQwenConfig.
-MOE_ONLY_FIELDS = sorted(set(GatedQwenMoeConfig.__dataclass_fields__) - set(GatedQwenConfig.__dataclass_fields__))
-
-
 def _view(ckpt: Checkpoint, config: dict) -> Checkpoint:
     """`ckpt` with its config.json replaced by `config` (the tensors are the same)."""
     view = copy.copy(ckpt)
@@ -250,6 +252,9 @@ def _view(ckpt: Checkpoint, config: dict) -> Checkpoint:
 
 def plan_gated_to_qwen3_next(ckpt: Checkpoint, allow_o_proj_bias: bool = False):
     from transformers import Qwen3NextConfig
+
+    from ..configuration_gated import GatedQwenConfig, GatedQwenMoeConfig
+    from .plans import load_gated_config
 
     config = load_gated_config(ckpt, moe=True)
     moe = isinstance(config, GatedQwenMoeConfig)
@@ -265,7 +270,8 @@ def plan_gated_to_qwen3_next(ckpt: Checkpoint, allow_o_proj_bias: bool = False):
             "(shared_expert_intermediate_size=0), so it has no Qwen3-Next equivalent. Nothing was written."
         )
     # The attention part is Qwen3.5's: planned on a dense view of the config (the same tensors).
-    dense = {k: v for k, v in ckpt.config.items() if k not in (*MOE_ONLY_FIELDS, "auto_map")}
+    moe_only = set(GatedQwenMoeConfig.__dataclass_fields__) - set(GatedQwenConfig.__dataclass_fields__)
+    dense = {k: v for k, v in ckpt.config.items() if k not in (*moe_only, "auto_map")}
     out35, plan = plan_gated_to_qwen3_5(_view(ckpt, dict(dense, model_type=GatedQwenConfig.model_type)),
                                         allow_o_proj_bias)
 
@@ -284,7 +290,13 @@ def plan_gated_to_qwen3_next(ckpt: Checkpoint, allow_o_proj_bias: bool = False):
     return out, plan
 
 
-QWEN3_5 = FormatDescription("qwen3_5", config_fields=dense_config_fields, check=check_q_proj_rows, rules=QWEN3_5_RULES,
-                            ignored=("mtp.",), export=plan_gated_to_qwen3_5)
-QWEN3_NEXT = FormatDescription("qwen3_next", config_fields=qwen3_5_config_fields, check=check_q_proj_rows,
-                               rules=QWEN3_5_RULES, ignored=("mtp.",), export=plan_gated_to_qwen3_next)
+QWEN3_5 = Format(
+    "qwen3_5", "Transformers' Qwen3.5 text model (and dense Qwen3-Next), every layer full attention",
+    reads=("qwen3_5_text", "qwen3_next", "qwen3_5"), detect=lambda config: config.get("model_type") != "qwen3_next",
+    config_fields=dense_config_fields, check=check_q_proj_rows, rules=QWEN3_5_RULES, ignored=("mtp.",),
+    export=plan_gated_to_qwen3_5, export_options=("allow_o_proj_bias",))
+# from_pretrained reads every Qwen3-Next folder in this format, dense or not (QWEN3_5 leaves them to it).
+QWEN3_NEXT = Format(
+    "qwen3_next", "Qwen3-Next, every layer full attention, dense or mixture-of-experts", reads=("qwen3_next",),
+    config_fields=qwen3_5_config_fields, check=check_q_proj_rows, rules=QWEN3_5_RULES, ignored=("mtp.",),
+    export=plan_gated_to_qwen3_next, export_options=("allow_o_proj_bias",))

@@ -18,13 +18,16 @@ release -> gated_qwen -> release gives byte-identical tensors.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from .errors import CheckpointFormatError, ConversionError
-from .io import Checkpoint, TensorPlan
-from .plans import TensorMap, check_g1_sigmoid, copy_rest, g1_gate_rows, load_gated_config, zeros
-from .qwen3 import QWEN3_FIELDS, source_dtype
-from .rules import Context, FormatDescription, TensorRule
+from .format import Context, Format, TensorRule
+from .shared import QWEN3_FIELDS, source_dtype
+
+if TYPE_CHECKING:
+    import torch
+
+    from .io import Checkpoint, TensorPlan
 
 # The official configuration's defaults (`configuration_qwen3.py` of qiuzh20/gated_attention).
 RELEASE_DEFAULTS = dict(
@@ -38,6 +41,16 @@ OFFICIAL_AUTO_MAP = {
     "AutoConfig": "configuration_qwen3.Qwen3Config",
     "AutoModelForCausalLM": "modeling_qwen3.Qwen3ForCausalLM",
 }
+# Keys of config.json that only the paper's released checkpoints have (a stock Qwen3 config has none of them).
+RELEASE_KEYS = ("headwise_attn_output_gate", "elementwise_attn_output_gate", "qkv_bias")
+
+
+def is_release(config: dict) -> bool:
+    """Whether a Qwen3 config.json is the release's: its official code in `auto_map`, or a key only the release
+    has."""
+    official = any(str(ref).startswith(("configuration_qwen3.", "modeling_qwen3."))
+                   for ref in (config.get("auto_map") or {}).values())
+    return official or any(k in config for k in RELEASE_KEYS)
 
 
 def release_variant(config: dict) -> str:
@@ -77,6 +90,8 @@ def split_release_q_proj(packed: torch.Tensor, kv_heads: int, group_q_rows: int,
 
 def pack_release_q_proj(queries: torch.Tensor, gates: torch.Tensor, kv_heads: int) -> torch.Tensor:
     """The inverse of `split_release_q_proj`: `queries [H*D, ...]`, `gates [H*W, ...]` -> `[K * (G*D + G*W), ...]`."""
+    import torch
+
     rest = queries.shape[1:]
     return torch.cat([queries.view(kv_heads, -1, *rest), gates.view(kv_heads, -1, *rest)], dim=1).reshape(-1, *rest)
 
@@ -148,6 +163,7 @@ def release_tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     """`{name: shape}` of the weights a release checkpoint with this config.json holds: stock Qwen3's (built on the
     meta device, biases on q, k, v and o with `qkv_bias`), `q_proj` with the gate rows of its variant, and no
     q/k norms with `use_qk_norm=false`."""
+    import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
     from transformers.modeling_utils import remove_tied_weights_from_state_dict
 
@@ -168,6 +184,9 @@ def release_tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
 
 # ------------------------------------------------------------------------------------------------------ export
 def plan_gated_to_release(ckpt: Checkpoint) -> tuple[dict, dict[str, TensorPlan]]:
+    from .io import TensorPlan
+    from .plans import TensorMap, check_g1_sigmoid, copy_rest, g1_gate_rows, load_gated_config, zeros
+
     config = load_gated_config(ckpt)
     target = "The release format"
     check_g1_sigmoid(config, target)
@@ -218,16 +237,13 @@ def plan_gated_to_release(ckpt: Checkpoint) -> tuple[dict, dict[str, TensorPlan]
     return out, tmap.finish()
 
 
-RELEASE = FormatDescription("release", config_fields=release_config_fields, check=check_release, rules=RELEASE_RULES,
-                            export=plan_gated_to_release)
-
-
 # ------------------------------------------------------------------------------------------------ reference forward
 def release_logits(ckpt: Checkpoint, input_ids: torch.Tensor) -> torch.Tensor:
     """Logits of a release checkpoint computed as the official code does, in float32 (a reference for `--verify`).
 
     `input_ids: [B, S]` -> `[B, S, vocab]`. Eager causal attention, no padding, default or scaled RoPE.
     """
+    import torch
     from transformers import Qwen3Config
     from transformers.activations import ACT2FN
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
@@ -283,3 +299,9 @@ def release_logits(ckpt: Checkpoint, input_ids: torch.Tensor) -> torch.Tensor:
     h = rms(h, w["model.norm.weight"])
     head = w["model.embed_tokens.weight"] if cfg["tie_word_embeddings"] else w["lm_head.weight"]
     return h @ head.T
+
+
+RELEASE = Format(
+    "release", "the paper's released checkpoints (QwQZh/gated_attention); byte-identical round trip", reads=("qwen3",),
+    detect=is_release, config_fields=release_config_fields, check=check_release, rules=RELEASE_RULES,
+    export=plan_gated_to_release, tensor_shapes=release_tensor_shapes, logits=release_logits)

@@ -3,9 +3,10 @@
 - The source holds every tensor the model its config.json describes has, each with the shape that config implies
   (`check_source`), so that a shape mismatch is refused with the tensor's name before anything is computed.
 - The plan writes every parameter the target model has exactly once, with the shape the *written* config.json
-  implies, and nothing else (`check_plan`); the model is built on the `meta` device from that config: GatedQwen or
-  GatedQwen-MoE, or for an export the stock Transformers class of the format (the release layout: Qwen3's with the
-  gate rows packed into `q_proj`, `release.release_tensor_shapes`).
+  implies, and nothing else (`check_plan`); the model is built on the `meta` device from that config: the class
+  that reads the format (GatedQwen or GatedQwen-MoE, or for an export the stock Transformers class), or, for a
+  format no class reads, the tensors its `Format.tensor_shapes` lists (the release: Qwen3's layout with the gate
+  rows packed into `q_proj`).
 - The files written hold exactly the plan (`check_written`: names, shapes and dtypes from the safetensors headers
   and the index).
 
@@ -17,9 +18,13 @@ Transformers also reads is accepted as well.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .formats import model_class
 from .io import Checkpoint, ConversionError, TensorPlan
+
+if TYPE_CHECKING:
+    from .format import Format
 
 Shape = tuple[int, ...]
 
@@ -31,8 +36,8 @@ def _unit(name: str) -> str:
     return ".".join(parts[: parts.index("layers") + 3]) if "layers" in parts else name
 
 
-def model_layout(kind: str, config) -> list[list[dict[str, Shape]]]:
-    """Per part of the model `kind` built from `config` (on the meta device; parts as `_unit` cuts them): its
+def model_layout(cls: type, config) -> list[list[dict[str, Shape]]]:
+    """Per part of the model of class `cls` built from `config` (on the meta device; parts as `_unit` cuts them): its
     accepted on-disk forms, each `{name: shape}`: what `save_pretrained` writes first, the in-memory names and
     layout second when they differ (Transformers reads both, e.g. one tensor per expert or the stacked experts)."""
     import torch
@@ -40,7 +45,7 @@ def model_layout(kind: str, config) -> list[list[dict[str, Shape]]]:
     from transformers.modeling_utils import remove_tied_weights_from_state_dict
 
     with torch.device("meta"):
-        model = model_class(kind)(config)
+        model = cls(config)
     units: dict[str, dict] = {}
     for name, tensor in remove_tied_weights_from_state_dict(model.state_dict(), model).items():
         units.setdefault(_unit(name), {})[name] = tensor
@@ -82,44 +87,31 @@ def compare(found: dict[str, Shape], layout: list[list[dict[str, Shape]]], *, un
     return "; ".join(problems)
 
 
-def _layout_of(kind: str, config) -> list[list[dict[str, Shape]]]:
-    if kind == "release":
-        from .release import release_tensor_shapes
-
-        return [[{name: shape}] for name, shape in release_tensor_shapes(config).items()]
-    return model_layout(kind, config)
-
-
-def _config_of(kind: str, config_dict: dict):
-    """The config object of `kind` (a dict for the release layout), read as Transformers reads config.json."""
+def tensor_layout(fmt: Format, config_dict: dict) -> list[list[dict[str, Shape]]]:
+    """The layout (`model_layout`) of the model of format `fmt` that `config_dict` (a config.json) describes."""
     from ..outputs import config_from_dict
 
-    if kind == "release":
-        return config_dict
-    return config_from_dict(model_class(kind).config_class, config_dict, "SRC's config.json", ConversionError)
+    if fmt.tensor_shapes is not None:  # a format no Transformers class reads
+        return [[{name: shape}] for name, shape in fmt.tensor_shapes(config_dict).items()]
+    cls = model_class(config_dict.get("model_type"))
+    return model_layout(cls, config_from_dict(cls.config_class, config_dict, "SRC's config.json", ConversionError))
 
 
-def source_layout(ckpt: Checkpoint, kind: str) -> list[list[dict[str, Shape]]]:
-    """The layout (`model_layout`) of the model of kind `kind` that `ckpt`'s config.json describes."""
-    return _layout_of(kind, _config_of(kind, ckpt.config))
-
-
-def check_source(ckpt: Checkpoint, kind: str) -> None:
-    """Refuses a source whose tensors do not match the model its config.json describes (missing or misshapen;
-    tensors the conversion does not use are refused by the planner)."""
+def check_source(ckpt: Checkpoint, fmt: Format) -> None:
+    """Refuses a source whose tensors do not match the model of format `fmt` its config.json describes (missing or
+    misshapen; tensors the conversion does not use are refused by the planner)."""
     found = {name: info.shape for name, info in ckpt.tensors.items()}
-    problem = compare(found, source_layout(ckpt, kind), unexpected_ok=True)
+    problem = compare(found, tensor_layout(fmt, ckpt.config), unexpected_ok=True)
     if problem:
         raise ConversionError(f"SRC's weights do not match its config.json: {problem}. Nothing was written.")
 
 
-def check_plan(plan: dict[str, TensorPlan], kind: str, folder: Path) -> None:
-    """Refuses a plan that does not write exactly the parameters of the model the config.json in `folder` (just
-    written there) describes."""
+def check_plan(plan: dict[str, TensorPlan], fmt: Format, folder: Path) -> None:
+    """Refuses a plan that does not write exactly the parameters of the model of format `fmt` that the config.json
+    in `folder` (just written there) describes."""
     import json
 
-    config_dict = json.loads((folder / "config.json").read_text())
-    layout = _layout_of(kind, _config_of(kind, config_dict))
+    layout = tensor_layout(fmt, json.loads((folder / "config.json").read_text()))
     problem = compare({name: p.shape for name, p in plan.items()}, layout)
     if problem:
         raise ConversionError(

@@ -1,9 +1,9 @@
 """`--verify`: run the source and the converted model on a few sequences and compare their logits.
 
-Both run in float32 with eager attention, each through its own reference implementation: the stock Transformers
-class of its format (`Qwen3ForCausalLM`, `Qwen3MoeForCausalLM`, `Qwen3_5ForCausalLM`, `Qwen3NextForCausalLM`),
-`GatedQwenForCausalLM` / `GatedQwenMoeForCausalLM`, or for the paper's release format `release.release_logits` (the
-official forward, written from its layout). A source that already produces NaN or infinite logits is reported as
+Both run in float32 with eager attention, each through the reference of its format: the class that reads it
+(`GatedQwenForCausalLM` / `GatedQwenMoeForCausalLM`, or the stock Transformers class: `Qwen3ForCausalLM`,
+`Qwen3MoeForCausalLM`, `Qwen3_5ForCausalLM`, `Qwen3NextForCausalLM`), or the format's own `Format.logits` where no
+class reads it (the paper's release: `release.release_logits`, the official forward written from its layout). A source that already produces NaN or infinite logits is reported as
 such, not as a conversion difference.
 """
 
@@ -17,23 +17,25 @@ from .errors import ConversionError, VerificationError
 if TYPE_CHECKING:
     import torch
 
+    from .format import Format
+
 VERIFY_MAX_PARAMETERS = 500_000_000  # verify by default up to this size (two float32 copies: about 4 GB)
 VERIFY_RTOL = 1e-3  # pass when max |logit difference| <= VERIFY_RTOL * max(1, max |reference logit|)
 VERIFY_SHAPE = (2, 16)  # sequences x tokens, random ids (seed 0)
 
 
-def model_logits(folder: Path, kind: str, input_ids: torch.Tensor, allow_pickle: bool = False) -> torch.Tensor:
-    """`input_ids: [B, S]` -> float32 logits `[B, S, vocab]` of the checkpoint in `folder` read as `kind`."""
+def model_logits(folder: Path, fmt: Format, input_ids: torch.Tensor, allow_pickle: bool = False) -> torch.Tensor:
+    """`input_ids: [B, S]` -> float32 logits `[B, S, vocab]` of the checkpoint in `folder`, of format `fmt`."""
+    import json
+
     import torch
 
-    if kind == "release":
-        from .io import Checkpoint
-        from .release import release_logits
-
-        return release_logits(Checkpoint(folder, allow_pickle=allow_pickle), input_ids)
     from .formats import model_class
+    from .io import Checkpoint
 
-    cls = model_class(kind)
+    if fmt.logits is not None:  # a format no Transformers class reads
+        return fmt.logits(Checkpoint(folder, allow_pickle=allow_pickle), input_ids)
+    cls = model_class(json.loads((Path(folder) / "config.json").read_text()).get("model_type"))
     model, info = cls.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager",
                                       output_loading_info=True, return_dict=True)  # whatever config.json says
     wrong = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
@@ -43,7 +45,7 @@ def model_logits(folder: Path, kind: str, input_ids: torch.Tensor, allow_pickle:
         return model(input_ids).logits.float()
 
 
-def verify(src: Path, src_kind: str, result: Path, result_kind: str, vocab_size: int,
+def verify(src: Path, src_format: Format, result: Path, result_format: Format, vocab_size: int,
            allow_pickle: bool = False) -> float:
     """Compares the logits of `src` and `result` on `VERIFY_SHAPE` random sequences; returns the max difference
     relative to `max(1, max |source logit|)`, or raises VerificationError when it exceeds `VERIFY_RTOL` (and
@@ -51,14 +53,14 @@ def verify(src: Path, src_kind: str, result: Path, result_kind: str, vocab_size:
     import torch
 
     input_ids = torch.randint(0, vocab_size, VERIFY_SHAPE, generator=torch.Generator().manual_seed(0))
-    reference = model_logits(src, src_kind, input_ids, allow_pickle)
+    reference = model_logits(src, src_format, input_ids, allow_pickle)
     if not torch.isfinite(reference).all():
         raise ConversionError(
             "the source produces non-finite logits (NaN or infinity) on random input, so no conversion can be "
             "compared with it; check the source's weights (or convert with --no-verify to copy them as they are). "
             "Nothing was written."
         )
-    converted = model_logits(result, result_kind, input_ids)
+    converted = model_logits(result, result_format, input_ids)
     scale = max(1.0, reference.abs().max().item())
     error = (converted - reference).abs().max().item() / scale
     if not error <= VERIFY_RTOL:
