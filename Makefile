@@ -18,7 +18,7 @@ TORCH_INDEX ?=
 QUIET := 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
 
 .PHONY: setup test test-fast test-latest test-compat device-wheels test-serving bench-serving lock-serving demo lint lock clean \
-	gpu-check
+	gpu-check test-distributed lock-distributed
 
 setup: $(STAMP)
 
@@ -146,6 +146,39 @@ lock-serving:
 		| grep -v -E "^(pip|torchaudio|torchcodec)==" >> $(LOCK_VENV)/lock && mv $(LOCK_VENV)/lock $(SERVING_LOCK)
 	rm -rf $(LOCK_VENV)
 
+# Scale-out training through `accelerate launch` with the configs of examples/accelerate/ (docs/training.md), on 2 CPU
+# processes with gloo, against one process: DDP and FSDP2 (tests/test_accelerate.py, also in `make test`), DeepSpeed
+# ZeRO-2/3 (tests/distributed/), and torchrun's tensor parallelism and fully_shard (tests/test_distributed.py). Its own
+# environment, .venv-distributed: requirements/cpu.lock, then requirements/distributed-cpu.lock (DeepSpeed, a source
+# distribution: built without compiling its operators, DS_BUILD_OPS=0, against the lock's torch), then this package.
+DIST       := .venv-distributed
+DIST_STAMP := $(DIST)/.installed
+DIST_LOCK  := requirements/distributed-cpu.lock
+
+$(DIST_STAMP): requirements/cpu.lock $(DIST_LOCK) pyproject.toml Makefile
+	test -x $(DIST)/bin/python || $(PYTHON) -m venv $(DIST)
+	$(call PIP,$(DIST)) $(TORCH_INDEX) -r requirements/cpu.lock $(QUIET)
+	DS_BUILD_OPS=0 $(call PIP,$(DIST)) --no-deps --no-build-isolation -r $(DIST_LOCK) $(QUIET)
+	$(call PIP,$(DIST)) --no-deps --no-build-isolation -e . $(QUIET)
+	$(DIST)/bin/python -c "import deepspeed, accelerate, gated_qwen"
+	touch $(DIST_STAMP)
+
+test-distributed: $(DIST_STAMP)
+	$(call PYTEST,$(DIST)) tests/distributed tests/test_accelerate.py tests/test_distributed.py
+
+# Rewrites requirements/distributed-cpu.lock: pip's resolution of this package's `distributed` extra constrained by
+# requirements/cpu.lock, frozen, less what cpu.lock pins (the header is kept). Then `make test-distributed`.
+DIST_LOCK_VENV := .venv-distributed-lock
+lock-distributed:
+	rm -rf $(DIST_LOCK_VENV) && $(PYTHON) -m venv $(DIST_LOCK_VENV)
+	$(call PIP,$(DIST_LOCK_VENV)) $(TORCH_INDEX) -r requirements/cpu.lock $(QUIET)
+	DS_BUILD_OPS=0 $(call PIP,$(DIST_LOCK_VENV)) --no-build-isolation -c requirements/cpu.lock -e ".[distributed]" $(QUIET)
+	sed -n '/^#/p' $(DIST_LOCK) > $(DIST_LOCK_VENV)/lock && $(DIST_LOCK_VENV)/bin/python -m pip freeze --exclude-editable \
+		| $(DIST_LOCK_VENV)/bin/python -c "import re, sys; norm = lambda l: re.sub(r'[-_.]+', '-', l.split('==')[0]).lower(); \
+		pinned = {norm(l) for l in open('requirements/cpu.lock') if '==' in l}; \
+		sys.stdout.writelines(l for l in sys.stdin if '==' in l and norm(l) not in pinned)" >> $(DIST_LOCK_VENV)/lock
+	mv $(DIST_LOCK_VENV)/lock $(DIST_LOCK) && rm -rf $(DIST_LOCK_VENV)
+
 # Rewrites the lock files: cpu and cuda from pyproject.toml with the newest releases it allows, compat from
 # requirements/compat.in (uv's resolver, in a tools venv).
 # Then `make test` (and `make test-latest` passed) before committing the new locks.
@@ -179,4 +212,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 
 clean:
-	rm -rf $(VENV) $(LATEST) $(TOOLS) $(SERVING) $(COMPAT) $(DEVICE_WHEELS) build src/*.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(LATEST) $(TOOLS) $(SERVING) $(COMPAT) $(DIST) $(DEVICE_WHEELS) build src/*.egg-info .pytest_cache .hypothesis

@@ -130,8 +130,9 @@ def test_fsdp2_step_equals_one_process(run):
 
 
 def test_shipped_accelerate_configs_parse_and_name_our_decoder_layer():
-    """examples/accelerate/*.yaml (documented in the README) load with accelerate's own reader; the FSDP2 one wraps
-    the decoder layer class the model has (a renamed class would silently stop the wrapping)."""
+    """examples/accelerate/*.yaml (docs/training.md; tests/test_accelerate.py and tests/distributed/ launch them) load
+    with accelerate's own reader; the FSDP2 one wraps the decoder layer class the model has (a renamed class would
+    silently stop the wrapping)."""
     from accelerate.commands.config.config_args import load_config_from_file
     from accelerate.utils import DistributedType
 
@@ -141,5 +142,8 @@ def test_shipped_accelerate_configs_parse_and_name_our_decoder_layer():
     layer = fsdp.fsdp_config["fsdp_transformer_layer_cls_to_wrap"]
     assert layer in GatedQwenForCausalLM._no_split_modules
     assert type(GatedQwenForCausalLM(GatedQwenConfig(**TINY)).model.layers[0]).__name__ == layer
-    zero3 = load_config_from_file(str(examples / "deepspeed_zero3.yaml"))
-    assert zero3.distributed_type == DistributedType.DEEPSPEED and zero3.deepspeed_config["zero_stage"] == 3
+    for stage in (2, 3):
+        zero = load_config_from_file(str(examples / f"deepspeed_zero{stage}.yaml"))
+        assert zero.distributed_type == DistributedType.DEEPSPEED and zero.deepspeed_config["zero_stage"] == stage
+    assert load_config_from_file(str(examples / "deepspeed_zero3.yaml")).deepspeed_config["zero3_init_flag"]
+    assert load_config_from_file(str(examples / "ddp.yaml")).distributed_type == DistributedType.MULTI_GPU

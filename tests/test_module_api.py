@@ -1,8 +1,9 @@
 """The package's modules keep `torch.nn.Module`'s API: libraries call it on any model (DeepSpeed's engine runs
 `model.apply(fn)` at start-up; initialisation and inspection code does the same), so a method of ours that takes
-one of its names with another meaning breaks them. Checked two ways: `model.apply(fn)` visits every submodule of
-every model class, and no class of the package overrides a method of its library base class with a signature that
-would refuse the base's arguments."""
+one of its names with another meaning breaks them. Checked three ways: `model.apply(fn)` visits every submodule of
+every model class; no class of the package overrides a method of its library base class with a signature that
+would refuse the base's arguments; and no attribute of any submodule (set on the instance, or a class attribute or
+property of the package's classes) takes the name of a method its class inherits."""
 
 import importlib
 import inspect
@@ -118,3 +119,37 @@ def test_the_check_finds_a_shadowed_apply():
         return y
 
     assert _refusals(torch.nn.Module.apply, apply) == ["fn", "requires position", "requires y", "requires logits"]
+
+
+
+def _hiding_attributes(module: torch.nn.Module) -> list[str]:
+    """The attributes of `module` (its own, or its package classes' that are not methods) named as a method that its
+    class inherits from a library base."""
+    own = {name: value for cls in reversed(type(module).__mro__) if cls.__module__.startswith("gated_qwen.")
+           for name, value in vars(cls).items()}
+    own.update(vars(module))
+    found = []
+    for name, value in own.items():
+        base = _library_base_method(type(module), name)
+        if base is None or not inspect.isfunction(base[1]) or inspect.isfunction(value) \
+                or isinstance(value, (classmethod, staticmethod)):
+            continue
+        found.append(f"{name} ({type(value).__name__}) hides {base[0].__qualname__}.{name}")
+    return found
+
+
+def test_no_attribute_of_a_module_hides_a_method():
+    """An attribute under a method's name hides it as surely as a method does (`self.apply = ...` in `__init__`, or a
+    class attribute or property of that name): none, on any submodule of any model class."""
+    found = []
+    for class_name, config_class, size, gate in MODELS:
+        model = getattr(gated_qwen, class_name)(config_class(**size, **GATES[gate]))
+        for module_name, module in model.named_modules():
+            found += [f"{class_name}/{gate}: {module_name or 'model'}.{problem}" for problem in _hiding_attributes(module)]
+    assert not found, "\n".join(sorted(set(found)))
+
+
+def test_the_attribute_check_finds_a_hidden_method():
+    gate = gated_qwen.GatedQwenForCausalLM(GatedQwenConfig(**TINY)).model.layers[0].self_attn.gate
+    gate.train = False  # an instance attribute: `gate.train()` would now raise
+    assert _hiding_attributes(gate) == ["train (bool) hides Module.train"]
