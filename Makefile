@@ -6,8 +6,8 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PIP     = $(1)/bin/python -m pip install --quiet --disable-pip-version-check
-EXTRAS := triton,peft,analysis,quant,dev
-IMPORTS := import torch, transformers, gated_qwen, peft, triton, hypothesis, matplotlib, optimum.quanto, torchao
+EXTRAS := triton,peft,analysis,quant,gguf,dev
+IMPORTS := import torch, transformers, gated_qwen, peft, triton, hypothesis, matplotlib, optimum.quanto, torchao, gguf
 
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 LOCK    := requirements/$(if $(HAS_GPU),cuda,cpu).lock
@@ -18,7 +18,7 @@ TORCH_INDEX ?=
 QUIET := 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
 
 .PHONY: setup test test-fast test-latest test-compat device-wheels test-serving bench-serving lock-serving demo lint lock clean \
-	gpu-check test-distributed lock-distributed
+	gpu-check test-distributed lock-distributed test-llama
 
 setup: $(STAMP)
 
@@ -179,6 +179,43 @@ lock-distributed:
 		sys.stdout.writelines(l for l in sys.stdin if '==' in l and norm(l) not in pinned)" >> $(DIST_LOCK_VENV)/lock
 	mv $(DIST_LOCK_VENV)/lock $(DIST_LOCK) && rm -rf $(DIST_LOCK_VENV)
 
+# Local inference with llama.cpp (tests/llama, docs/local.md): its own environment, .venv-llama, from
+# requirements/cpu.lock and requirements/llama.lock. llama-cpp-python is built from the source release the lock names
+# (CPU backend, without its multimodal library; 14 minutes on 2 quiet cores, over an hour under a load of 10; run with
+# nice), once: the wheel is kept in .venv-llama/wheels and reused while the lock names that version. The same source
+# release holds llama.cpp's own converter (convert_hf_to_gguf.py, its conversion/ package and gguf-py), unpacked into
+# .venv-llama/llama.cpp.
+LLAMA          := .venv-llama
+LLAMA_PY       := $(LLAMA)/bin/python
+LLAMA_STAMP    := $(LLAMA)/.installed
+LLAMA_LOCK     := requirements/llama.lock
+LLAMA_VERSION   = $(shell sed -n 's/^llama-cpp-python==//p' $(LLAMA_LOCK))
+LLAMA_CMAKE    := -DLLAVA_BUILD=OFF
+
+$(LLAMA)/wheels/.built-%:
+	test -x $(LLAMA_PY) || $(PYTHON) -m venv $(LLAMA)
+	rm -rf $(LLAMA)/source $(LLAMA)/wheels.partial $(LLAMA)/llama.cpp && mkdir -p $(LLAMA)/source $(LLAMA)/llama.cpp
+	$(LLAMA_PY) -m pip download --quiet --disable-pip-version-check --no-deps --no-binary :all: \
+		llama-cpp-python==$* -d $(LLAMA)/source $(QUIET)
+	tar -xzf $(LLAMA)/source/llama_cpp_python-$*.tar.gz -C $(LLAMA)/llama.cpp --strip-components 3 \
+		llama_cpp_python-$*/vendor/llama.cpp/convert_hf_to_gguf.py llama_cpp_python-$*/vendor/llama.cpp/conversion \
+		llama_cpp_python-$*/vendor/llama.cpp/gguf-py llama_cpp_python-$*/vendor/llama.cpp/LICENSE
+	CMAKE_ARGS="$(LLAMA_CMAKE)" CMAKE_BUILD_PARALLEL_LEVEL=2 nice -n 19 $(LLAMA_PY) -m pip wheel --quiet \
+		--disable-pip-version-check --no-deps --no-cache-dir -w $(LLAMA)/wheels.partial \
+		$(LLAMA)/source/llama_cpp_python-$*.tar.gz $(QUIET)
+	test -f $(LLAMA)/wheels.partial/llama_cpp_python-$*-py3-none-linux_x86_64.whl
+	rm -rf $(LLAMA)/wheels && mv $(LLAMA)/wheels.partial $(LLAMA)/wheels && touch $@
+
+$(LLAMA_STAMP): requirements/cpu.lock $(LLAMA_LOCK) pyproject.toml Makefile | $(LLAMA)/wheels/.built-$(LLAMA_VERSION)
+	$(call PIP,$(LLAMA)) $(TORCH_INDEX) -r requirements/cpu.lock -r $(LLAMA_LOCK) --find-links $(LLAMA)/wheels \
+		--only-binary llama-cpp-python $(QUIET)
+	$(call PIP,$(LLAMA)) --no-deps --no-build-isolation -e . $(QUIET)
+	$(LLAMA_PY) -c "import llama_cpp, gguf, gated_qwen; assert llama_cpp.__version__ == '$(LLAMA_VERSION)'"
+	touch $(LLAMA_STAMP)
+
+test-llama: $(LLAMA_STAMP)
+	$(LLAMA_PY) -m pytest -q -p no:cacheprovider tests/llama
+
 # Rewrites the lock files: cpu and cuda from pyproject.toml with the newest releases it allows, compat from
 # requirements/compat.in (uv's resolver, in a tools venv).
 # Then `make test` (and `make test-latest` passed) before committing the new locks.
@@ -212,4 +249,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 
 clean:
-	rm -rf $(VENV) $(LATEST) $(TOOLS) $(SERVING) $(COMPAT) $(DIST) $(DEVICE_WHEELS) build src/*.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(LATEST) $(TOOLS) $(SERVING) $(COMPAT) $(DIST) $(LLAMA) $(DEVICE_WHEELS) build src/*.egg-info .pytest_cache .hypothesis

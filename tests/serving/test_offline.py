@@ -5,7 +5,10 @@ For every case (build_models.py): vLLM's greedy tokens for a batch of three prom
 log-probabilities of the chosen tokens agree to LOGPROB_TOLERANCE in float32; the ungated control (the same
 weights without the gate) is farther than CONTROL_MARGIN from vLLM's answer, so the gate is what agrees; and the
 model vLLM ran is the one the case is about (the Transformers backend with the gated_qwen gate in every gated layer,
-or vLLM's own model class)."""
+or vLLM's own model class, which for an export builds every layer as full attention, as its config.json says both
+ways: `layer_types` and `full_attention_interval`)."""
+
+import json
 
 import pytest
 from cases import EXPORTS, MOE, NATIVE, SERVING
@@ -13,6 +16,7 @@ from vllm_helpers import (
     CONTROL_MARGIN,
     LOGPROB_TOLERANCE,
     architecture,
+    attention_kinds,
     distance_to_control,
     gates,
     greedy,
@@ -32,6 +36,7 @@ def test_vllm_serves_as_transformers_computes(models, name):
     try:
         served = llm.apply_model(architecture)[0]
         served_gates = llm.apply_model(gates)[0]
+        kinds = llm.apply_model(attention_kinds)[0] if case["kind"] != "native" else None
         answers = greedy(llm, models["prompts"], models["new_tokens"])
     finally:
         release(llm)
@@ -45,6 +50,10 @@ def test_vllm_serves_as_transformers_computes(models, name):
         assert served_gates == expected
     else:
         assert served_gates == []  # vLLM's own model: the gate is its q_proj's gate rows
+        layers = SERVING["num_hidden_layers"]
+        written = json.loads((models["root"] / case["folder"] / "config.json").read_text())
+        assert written["full_attention_interval"] == 1 and written["layer_types"] == ["full_attention"] * layers
+        assert kinds == ["full_attention"] * layers
 
     assert [a["tokens"] for a in answers] == [r["tokens"] for r in case["reference"]]
     assert max_logprob_difference(answers, case["reference"]) <= LOGPROB_TOLERANCE

@@ -23,6 +23,13 @@ def gates(model) -> list[str]:
     return [m.position for m in model.modules() if type(m).__name__ == "GatedQwenGate" and m.position]
 
 
+def attention_kinds(model) -> list[str]:
+    """Per decoder layer of vLLM's own Qwen3.5 / Qwen3-Next model, what it built: "linear_attention" (a Gated
+    DeltaNet, `linear_attn`) or "full_attention" (`self_attn`)."""
+    return ["linear_attention" if hasattr(layer, "linear_attn") else
+            "full_attention" if hasattr(layer, "self_attn") else type(layer).__name__ for layer in model.model.layers]
+
+
 def serve(folder: Path, *, impl: str, tensor_parallel: int = 1):
     """vLLM's offline engine on `folder` (float32, eager, no tokenizer)."""
     from vllm import LLM

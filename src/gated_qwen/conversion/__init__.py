@@ -13,6 +13,7 @@ GatedQwen checkpoint. Formats:
   `add_gate` as for `"qwen3"` (see `qwen3.py`).
 - `"qwen3_next"`: GatedQwen (G1 sigmoid gate), or GatedQwen-MoE with a shared expert, <-> Qwen3-Next with every layer
   full attention, dense or mixture-of-experts (see `qwen3_5.py`).
+- `"gguf"`: GatedQwen / GatedQwen-MoE -> one GGUF file that llama.cpp runs (see `gguf_format.py`).
 
 Each format is one `Format` object (`format.py`) in its own module, which carries everything about it (detection,
 config translation and tensor rules, export and its options, the models that read and check it); `formats.py`
@@ -38,7 +39,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..outputs import CONFIG_VALUE_ERRORS, OutputError, clean_stale, output_folder, say
+from ..outputs import CONFIG_VALUE_ERRORS, OutputError, clean_stale, output_file, output_folder, say
 from .errors import CheckpointFormatError, ConversionError, VerificationError
 from .format import Format
 from .formats import FORMATS, FROM_FORMATS, GATED, TO_FORMATS
@@ -209,6 +210,29 @@ def _report(request: _Request, dst: Path, result_kind: str, plan: dict, copied: 
     say(f"wrote {dst} ({result_kind}, {len(plan)} tensors)")
 
 
+def _write_file(request: _Request, src, dst, *, overwrite: bool, allow_pickle: bool, verify: bool | None,
+                folder_options: dict[str, bool]) -> Path:
+    """An export to one file (`Format.write_file`, e.g. GGUF): written whole or not at all, the source's structure
+    checked first and `--verify` against the format's own reader; none of a folder's options."""
+    from .io import Checkpoint
+    from .structure import check_source
+
+    given = [flag for flag, used in folder_options.items() if used]
+    if given:
+        raise ConversionError(f"{' and '.join(given)} apply to folder outputs; {request.flag} writes one file.")
+    src, dst = Path(src), Path(dst)
+    with _refusals_as_conversion_errors(request.flag), output_file(dst, inputs=[src], overwrite=overwrite,
+                                                                    label="DST") as tmp:
+        ckpt = Checkpoint(src, allow_pickle=allow_pickle)
+        check_source(ckpt, request.source)
+        verify = _verify_by_default(ckpt) if verify is None else verify
+        vocab_size, report = request.fmt.write_file(ckpt, tmp)
+        if verify:
+            _verify(request, src, tmp, {"vocab_size": vocab_size}, allow_pickle)
+    say(f"wrote {dst} ({report})")
+    return dst
+
+
 def convert(
     src: str | os.PathLike,
     dst: str | os.PathLike,
@@ -237,6 +261,9 @@ def convert(
     verification fails; nothing is written then.
     """
     request = _request(from_format, to_format, add_gate, allow_o_proj_bias)
+    if request.export and request.fmt.write_file is not None:
+        return _write_file(request, src, dst, overwrite=overwrite, allow_pickle=allow_pickle, verify=verify,
+                           folder_options={"--max-shard-size": max_shard_size is not None, "--carry-code": carry_code})
     from .io import Checkpoint, carry_files, files_to_carry, parse_size
     from .structure import check_source
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import torch
 
     from .io import Checkpoint, TensorPlan
@@ -65,6 +67,9 @@ class Format:
     - Export (`--to`), where `export` is given: `export(checkpoint, **options) -> (config to write, {name:
       TensorPlan})`, the config a config object or, for a format no Transformers class reads, a dict;
       `export_options` names the keyword arguments it takes (`convert`'s, e.g. `allow_o_proj_bias`).
+    - Export to one file, not a folder (GGUF), where `write_file` is given: `write_file(checkpoint, path) ->
+      (vocab size, a line for the report)` writes the file from the gated_qwen checkpoint (and checks it), and
+      `file_logits(path, input_ids [B, S]) -> [B, S, vocab]` is the format's reference for `--verify`.
     - The models: a folder of the format is read by Transformers' causal LM of its `model_type` (the structural
       check builds it, `--verify` runs it as the reference). A format that no Transformers class reads gives instead
       `tensor_shapes(config.json) -> {name: shape}` and `logits(checkpoint, input_ids [B, S]) -> [B, S, vocab]`.
@@ -83,6 +88,8 @@ class Format:
     export_options: tuple[str, ...] = ()
     tensor_shapes: Callable[[dict], dict[str, tuple[int, ...]]] | None = None
     logits: Callable[[Checkpoint, torch.Tensor], torch.Tensor] | None = None
+    write_file: Callable[[Checkpoint, Path], tuple[int, str]] | None = None
+    file_logits: Callable[[Path, torch.Tensor], torch.Tensor] | None = None
 
     @property
     def imports(self) -> bool:
@@ -92,7 +99,7 @@ class Format:
     @property
     def exports(self) -> bool:
         """`--to NAME`: GatedQwen -> this format."""
-        return self.export is not None
+        return self.export is not None or self.write_file is not None
 
     def reads_folder(self, config: dict) -> bool:
         """Whether `from_pretrained` reads a folder with this config.json in this format."""

@@ -14,7 +14,8 @@ the function:
 - RoPE covers `partial_rotary_factor` of each head (stored in `rope_parameters`, default 0.25): export writes 1.0,
   import requires 1.0.
 - `layer_types` may mix `linear_attention` (Gated DeltaNet) and `full_attention`: export writes all
-  `full_attention`, import requires that.
+  `full_attention`, and `full_attention_interval` 1, which says the same to readers that go by the interval
+  (llama.cpp's converter; Transformers when `layer_types` is absent; absent, it means 4); import requires that.
 - `attention_bias` puts a bias on q (gate rows included), k, v and o together; missing biases are written as zeros.
   Serving engines read it otherwise: vLLM's Qwen3.5 / Qwen3-Next attention takes the q/k/v bias from `qkv_bias`, has
   no o_proj bias, and skips bias tensors it does not expect without a word. The export therefore also writes
@@ -162,6 +163,13 @@ QWEN3_5_RULES = (
 
 
 # ------------------------------------------------------------------------------------------------------ export
+def all_full_attention(layers: int) -> dict:
+    """Every layer full attention, said both ways engines read it: `layer_types` (Transformers, vLLM) and
+    `full_attention_interval` 1 (llama.cpp's converter writes it into the GGUF; Transformers derives `layer_types`
+    from it, default 4, only where `layer_types` is absent)."""
+    return {"layer_types": ["full_attention"] * layers, "full_attention_interval": 1}
+
+
 O_PROJ_BIAS_REFUSAL = (
     "this model has attention_bias=True, an o_proj bias, which vLLM's Qwen3.5 / Qwen3-Next attention does not have "
     "and drops without a word; serve the native gated_qwen folder instead (docs/serving.md), "
@@ -233,7 +241,7 @@ def plan_gated_to_qwen3_5(ckpt: Checkpoint, allow_o_proj_bias: bool = False):
     fields = {k: getattr(config, k) for k in QWEN3_FIELDS}
     fields.update(
         rope_parameters={**config.rope_parameters, "partial_rotary_factor": 1.0}, attention_bias=bias,
-        layer_types=["full_attention"] * config.num_hidden_layers,
+        **all_full_attention(config.num_hidden_layers),
     )
     out = Qwen3_5TextConfig(**fields)
     if bias:
@@ -280,7 +288,7 @@ def plan_gated_to_qwen3_next(ckpt: Checkpoint, allow_o_proj_bias: bool = False):
     fields.update({k: experts[k] for k in (*MOE_FIELDS, "shared_expert_intermediate_size")})
     fields.update(
         rope_parameters=out35.rope_parameters, attention_bias=out35.attention_bias,
-        layer_types=["full_attention"] * config.num_hidden_layers, mlp_only_layers=experts["mlp_only_layers"] or [],
+        **all_full_attention(config.num_hidden_layers), mlp_only_layers=experts["mlp_only_layers"] or [],
     )
     out = Qwen3NextConfig(**fields)
     if out35.attention_bias:

@@ -35,6 +35,8 @@ def model_logits(folder: Path, fmt: Format, input_ids: torch.Tensor, allow_pickl
 
     if fmt.logits is not None:  # a format no Transformers class reads
         return fmt.logits(Checkpoint(folder, allow_pickle=allow_pickle), input_ids)
+    if fmt.file_logits is not None:  # a one-file format: `folder` is the file
+        return fmt.file_logits(Path(folder), input_ids)
     cls = model_class(json.loads((Path(folder) / "config.json").read_text()).get("model_type"))
     model, info = cls.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager",
                                       output_loading_info=True, return_dict=True)  # whatever config.json says
