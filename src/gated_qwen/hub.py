@@ -293,7 +293,7 @@ def load_model_config(model_dir: str | os.PathLike) -> GatedQwenConfig:
     if not config_file.is_file():
         raise CardError(f"MODEL_DIR {str(model_dir)!r} has no config.json; give a folder written by save_pretrained.")
     from .configuration_gated import GATED_MODEL_TYPES, GatedQwenConfig, GatedQwenMoeConfig
-    from .outputs import config_from_dict, read_json_object
+    from .reading import config_from_dict, read_json_object
 
     config_dict = read_json_object(config_file, "MODEL_DIR's config.json", CardError)
     if config_dict.get("model_type") not in GATED_MODEL_TYPES:

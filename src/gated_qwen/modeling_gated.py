@@ -51,7 +51,6 @@ from .transformers_compat import (
     CACHE_FIELD,
     create_causal_mask,
     create_sliding_window_causal_mask,
-    output_cache,
     slice_logits_to_keep,
 )
 
@@ -347,10 +346,12 @@ class GatedQwenForCausalLM(GatedQwenPreTrainedModel, GenerationMixin):
     _tp_plan = {"lm_head": "colwise_gather_output"}
     _pp_plan = {"lm_head": (["hidden_states"], ["logits"])}
     _fsdp_plan = {"lm_head": "keep_full_weight"}
+    base_model_class = GatedQwenModel  # the model under the head (the mixture of experts' causal LM has its own)
+    output_class = GatedQwenCausalLMOutputWithPast
 
     def __init__(self, config: GatedQwenConfig):
         super().__init__(config)
-        self.model = GatedQwenModel(config)
+        self.model = self.base_model_class(config)
         self.vocab_size = config.vocab_size
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
@@ -370,7 +371,8 @@ class GatedQwenForCausalLM(GatedQwenPreTrainedModel, GenerationMixin):
         **kwargs: Unpack[TransformersKwargs],
     ) -> GatedQwenCausalLMOutputWithPast:
         """`input_ids: [B, S]` -> `logits: [B, S, vocab]` (the last `logits_to_keep` positions if set), and the
-        shifted cross-entropy `loss` when `labels: [B, S]` are given."""
+        shifted cross-entropy `loss` when `labels: [B, S]` are given; the model's other outputs as it returns them
+        (cache, hidden states, attentions, `gate_logits`)."""
         outputs: GatedQwenModelOutputWithPast = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -385,14 +387,8 @@ class GatedQwenForCausalLM(GatedQwenPreTrainedModel, GenerationMixin):
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
-        return GatedQwenCausalLMOutputWithPast(
-            loss=loss,
-            logits=logits,
-            **{CACHE_FIELD: output_cache(outputs)},
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-            gate_logits=outputs.gate_logits,
-        )
+        carried = {name: value for name, value in outputs.items() if name != "last_hidden_state"}
+        return self.output_class(loss=loss, logits=logits, **carried)
 
 
 class GatedQwenForSequenceClassification(GenericForSequenceClassification, GatedQwenPreTrainedModel):

@@ -11,6 +11,7 @@ This file is copied to the Hugging Face Hub beside `modeling_gated.py` and `conf
 only.
 """
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -18,7 +19,6 @@ from torch import nn
 from transformers import initialization as init
 from transformers.cache_utils import Cache
 from transformers.conversion_mapping import get_checkpoint_conversion_mapping, register_checkpoint_conversion_mapping
-from transformers.generation import GenerationMixin
 from transformers.integrations import use_experts_implementation
 from transformers.modeling_layers import (
     GenericForQuestionAnswering,
@@ -40,10 +40,10 @@ from transformers.utils.output_capturing import OutputRecorder
 from .configuration_gated import GatedQwenMoeConfig
 from .modeling_gated import (
     GatedQwenDecoderLayer,
+    GatedQwenForCausalLM,
     GatedQwenModel,
     GatedQwenPreTrainedModel,
 )
-from .transformers_compat import CACHE_FIELD, output_cache, slice_logits_to_keep
 
 
 class GatedQwenMoeMLP(Qwen3MoeMLP):
@@ -181,18 +181,12 @@ class GatedQwenMoeModel(GatedQwenMoePreTrainedModel, GatedQwenModel):
                                cache=cache, inputs_embeds=inputs_embeds, use_cache=use_cache, **kwargs)
 
 
-class GatedQwenMoeForCausalLM(GatedQwenMoePreTrainedModel, GenerationMixin):
-    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
-    _tp_plan = {"lm_head": "colwise_gather_output"}
-    _pp_plan = {"lm_head": (["hidden_states"], ["logits"])}
-    _fsdp_plan = {"lm_head": "keep_full_weight"}
+class GatedQwenMoeForCausalLM(GatedQwenMoePreTrainedModel, GatedQwenForCausalLM):
+    """The dense causal LM (`GatedQwenForCausalLM`: the head, its plans, the loss) over `GatedQwenMoeModel`, with the
+    router logits among the outputs and the auxiliary losses in the loss."""
 
-    def __init__(self, config: GatedQwenMoeConfig):
-        super().__init__(config)
-        self.model = GatedQwenMoeModel(config)
-        self.vocab_size = config.vocab_size
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.post_init()
+    base_model_class = GatedQwenMoeModel
+    output_class = GatedQwenMoeCausalLMOutputWithPast
 
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     @can_return_tuple
@@ -200,61 +194,38 @@ class GatedQwenMoeForCausalLM(GatedQwenMoePreTrainedModel, GenerationMixin):
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        cache: Cache | None = None,
-        inputs_embeds: torch.Tensor | None = None,
+        *,
         labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
         output_router_logits: bool | None = None,
-        logits_to_keep: int | torch.Tensor = 0,
         **kwargs: Unpack[TransformersKwargs],
     ) -> GatedQwenMoeCausalLMOutputWithPast:
-        """`input_ids: [B, S]` -> `logits: [B, S, vocab]` (the last `logits_to_keep` positions if set), and the
-        shifted cross-entropy `loss` when `labels: [B, S]` are given.
+        """`GatedQwenForCausalLM.forward` (the same arguments, by keyword after `attention_mask`): `input_ids: [B, S]`
+        -> `logits: [B, S, vocab]`, the shifted cross-entropy `loss` with `labels: [B, S]`.
 
-        With `output_router_logits` (default: `config.output_router_logits`), also `router_logits` and `aux_loss`, the
-        load-balancing loss; with `labels`, `loss` then adds `router_aux_loss_coef * aux_loss` and
-        `router_z_loss_coef * router_z_loss_func(router_logits)`, as Qwen3-MoE does for the first term."""
+        With `output_router_logits` (default: `config.output_router_logits`), also `router_logits` (one `[B * S,
+        num_experts]` per sparse layer) and `aux_loss`, the load-balancing loss; with `labels`, `loss` then adds
+        `router_aux_loss_coef * aux_loss` and `router_z_loss_coef * router_z_loss_func(router_logits)`, as Qwen3-MoE
+        does for the first term."""
         if output_router_logits is None:
             output_router_logits = self.config.output_router_logits
-        outputs: GatedQwenMoeModelOutputWithPast = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            cache=cache,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            output_router_logits=output_router_logits,
-            **kwargs,
+        output = super().forward(input_ids, attention_mask, labels=labels, output_router_logits=output_router_logits,
+                                 return_dict=True, **kwargs)
+        if not (output_router_logits and output.router_logits):
+            return output
+        # A 2-D padding mask covers the cached tokens too when decoding: keep the columns of this step's tokens.
+        mask = None
+        if attention_mask is not None and attention_mask.dim() == 2:
+            mask = attention_mask[:, -(output.router_logits[0].shape[0] // attention_mask.shape[0]):]
+        aux_loss = load_balancing_loss_func(
+            output.router_logits, self.config.num_experts, self.config.num_experts_per_tok, mask
         )
-        hidden_states = slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep)
-        logits = self.lm_head(hidden_states)
-        loss = None
+        loss = output.loss
         if labels is not None:
-            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
-        aux_loss = None
-        if output_router_logits and outputs.router_logits:
-            # A 2-D padding mask covers the cached tokens too when decoding: keep the columns of this step's tokens.
-            seq_len = outputs.last_hidden_state.shape[1]
-            mask = attention_mask[:, -seq_len:] if attention_mask is not None and attention_mask.dim() == 2 else None
-            aux_loss = load_balancing_loss_func(
-                outputs.router_logits, self.config.num_experts, self.config.num_experts_per_tok, mask
-            )
-            if labels is not None:
-                loss = loss + self.config.router_aux_loss_coef * aux_loss.to(loss.device)
-                if self.config.router_z_loss_coef > 0:
-                    z_loss = router_z_loss_func(outputs.router_logits, mask)
-                    loss = loss + self.config.router_z_loss_coef * z_loss.to(loss.device)
-        return GatedQwenMoeCausalLMOutputWithPast(
-            loss=loss,
-            aux_loss=aux_loss,
-            logits=logits,
-            **{CACHE_FIELD: output_cache(outputs)},
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-            router_logits=outputs.router_logits,
-            gate_logits=outputs.gate_logits,
-        )
+            loss = loss + self.config.router_aux_loss_coef * aux_loss.to(loss.device)
+            if self.config.router_z_loss_coef > 0:
+                z_loss = router_z_loss_func(output.router_logits, mask)
+                loss = loss + self.config.router_z_loss_coef * z_loss.to(loss.device)
+        return dataclasses.replace(output, loss=loss, aux_loss=aux_loss)
 
 
 class GatedQwenMoeForSequenceClassification(GenericForSequenceClassification, GatedQwenMoePreTrainedModel):

@@ -54,13 +54,8 @@ def create_sliding_window_causal_mask(*, cache, **kwargs):
     return masking_utils.create_sliding_window_causal_mask(**{MASK_CACHE_ARGUMENT: cache}, **kwargs)
 
 
-def output_cache(outputs):
-    """The cache that a model output holds (`outputs.cache`, `outputs.past_key_values` before 5.2x)."""
-    return getattr(outputs, CACHE_FIELD)
-
-
 __all__ = ["CACHE_FIELD", "MASK_CACHE_ARGUMENT", "create_causal_mask", "create_sliding_window_causal_mask",
-           "output_cache", "slice_logits_to_keep"]
+           "slice_logits_to_keep"]
 
 if is_torch_distributed_available():
     from transformers.distributed.tensor_parallel import TensorParallelLayer

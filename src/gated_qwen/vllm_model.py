@@ -71,6 +71,18 @@ def _vllm_gate(config, layer_idx: int, prefix: str, quant_config: QuantizationCo
     return gate
 
 
+def refuse_sliding_windows(config) -> None:
+    """Refuses a config with a layer that is not full attention (sliding windows in some layers or all), naming the
+    Transformers backend, which serves it: vLLM's Qwen2Model, this model's base, would otherwise stop a folder where
+    only some layers slide with an assertion that asks to open an issue."""
+    sliding = [i for i, kind in enumerate(config.layer_types) if kind != "full_attention"]
+    if sliding:
+        raise ValueError(
+            f"layers {sliding} of this folder are {config.layer_types[sliding[0]]}; gated_qwen's vLLM model has full "
+            "attention only. Serve this folder with model_impl='transformers'."
+        )
+
+
 class GatedQwenVllmAttention(Qwen3Attention):
     """vLLM's Qwen3 attention with the gate (`self.gate`) at its position: on q, k or v after the fused QKV
     projection (G4, G3, G2), on the attention output per head (G1) or on `o_proj`'s output (G5); the non-gate
@@ -113,11 +125,6 @@ class GatedQwenVllmDecoderLayer(nn.Module):
                  quant_config: QuantizationConfig | None = None, prefix: str = ""):
         super().__init__()
         layer_idx = extract_layer_index(prefix)
-        if config.layer_types[layer_idx] != "full_attention":
-            raise ValueError(
-                f"layer {layer_idx} is {config.layer_types[layer_idx]}; gated_qwen's vLLM model has full attention "
-                "only. Serve this folder with model_impl='transformers'."
-            )
         self.self_attn = GatedQwenVllmAttention(config, layer_idx, cache_config, quant_config, f"{prefix}.self_attn")
         self.mlp = Qwen2MLP(hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
                             hidden_act=config.hidden_act, quant_config=quant_config, prefix=f"{prefix}.mlp")
@@ -141,6 +148,7 @@ class GatedQwenVllmDecoderLayer(nn.Module):
 class GatedQwenVllmModel(Qwen2Model):
     # The gate's tensors have the same names on disk as in memory (`self_attn.gate.*`): Qwen2's mapping suffices.
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
+        refuse_sliding_windows(vllm_config.model_config.hf_config.get_text_config())  # before Qwen2Model's own assertion on them
         super().__init__(vllm_config=vllm_config, prefix=prefix, decoder_layer_type=GatedQwenVllmDecoderLayer)
 
 

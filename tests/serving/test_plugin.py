@@ -56,3 +56,19 @@ def test_plugin_serves_as_transformers_computes(models, name):
 def test_plugin_with_two_ranks(models, name, monkeypatch):
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
     check(models, name, tensor_parallel=2)
+
+
+def test_plugin_refuses_a_folder_where_only_some_layers_slide_with_its_own_message(tmp_path):
+    """vLLM's Qwen2Model, the plugin model's base, asserts on a folder where some layers (not all) use a sliding
+    window ("... Please open an issue"); the plugin refuses it first, naming the Transformers backend."""
+    from cases import SERVING
+
+    from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
+
+    config = GatedQwenConfig(**SERVING, use_sliding_window=True, sliding_window=16, max_window_layers=1)
+    assert config.layer_types == ["full_attention", "sliding_attention"]
+    GatedQwenForCausalLM(config).save_pretrained(tmp_path)
+    with pytest.raises(Exception, match=r"full attention only\. Serve this folder with model_impl='transformers'") as refused:
+        release(serve(tmp_path, impl="vllm"))
+    assert "layers [1] of this folder are sliding_attention" in str(refused.value)
+    assert "Please open an issue" not in str(refused.value)

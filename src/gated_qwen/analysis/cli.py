@@ -17,7 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..outputs import CONFIG_VALUE_ERRORS, check_output, config_from_dict, output_file, output_folder, write_json
+from ..outputs import check_output, output_file, output_folder, write_json
+from ..reading import CONFIG_VALUE_ERRORS, config_from_dict
 
 if TYPE_CHECKING:
     import torch

@@ -39,7 +39,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..outputs import CONFIG_VALUE_ERRORS, OutputError, clean_stale, output_file, output_folder, say
+from ..outputs import OutputError, clean_stale, output_file, output_folder, say
+from ..reading import CONFIG_VALUE_ERRORS
 from .errors import CheckpointFormatError, ConversionError, VerificationError
 from .format import Format
 from .formats import FORMATS, FROM_FORMATS, GATED, TO_FORMATS

@@ -289,7 +289,7 @@ def write_vocabulary(writer, src: Path, vocab_size: int) -> bool:
     """SRC's byte-level BPE tokenizer as llama.cpp's `gpt2` vocabulary (tokens padded to `vocab_size` with unused
     ones, merges, special token ids, chat template; the gguf package's `BpeVocab` and `SpecialVocab`), or `no_vocab`
     without a tokenizer.json; returns whether a vocabulary was written."""
-    from ..outputs import read_json_object
+    from ..reading import read_json_object
     from .io import source_file
 
     gguf = _gguf()

@@ -31,7 +31,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
-from ..outputs import read_json_object, write_json
+from ..outputs import write_json
+from ..reading import read_json_object
 from .errors import ConversionError
 
 SAFETENSORS_DTYPES = {

@@ -89,7 +89,7 @@ def compare(found: dict[str, Shape], layout: list[list[dict[str, Shape]]], *, un
 
 def tensor_layout(fmt: Format, config_dict: dict) -> list[list[dict[str, Shape]]]:
     """The layout (`model_layout`) of the model of format `fmt` that `config_dict` (a config.json) describes."""
-    from ..outputs import config_from_dict
+    from ..reading import config_from_dict
 
     if fmt.tensor_shapes is not None:  # a format no Transformers class reads
         return [[{name: shape}] for name, shape in fmt.tensor_shapes(config_dict).items()]
