@@ -434,6 +434,15 @@ with torch.no_grad():
     assert torch.equal(base(expected["ids"]).last_hidden_state, expected["hidden"])
 classifier = AutoModelForSequenceClassification.from_pretrained(path, trust_remote_code=True)
 assert type(classifier).__name__ == "GatedQwenForSequenceClassification"
+# It trains (the package's gradients, on the same weights and batch) and generates (the package's greedy tokens).
+model.train()
+model(expected["ids"], labels=expected["ids"]).loss.backward()
+for name, grad in expected["grads"].items():
+    assert torch.equal(model.get_parameter(name).grad, grad), name
+model.eval()
+with torch.no_grad():
+    tokens = model.generate(expected["ids"][:, :4], max_new_tokens=6, do_sample=False, pad_token_id=0)
+assert torch.equal(tokens, expected["generated"]), (tokens, expected["generated"])
 # Without the package on a CUDA machine (simulated): SDPA + the gate, and one warning naming it and the fused kernel's
 # package; the fused kernel asked for by name is refused with the same hint.
 from transformers.utils import logging as hf_logging
@@ -467,7 +476,12 @@ def test_remote_code_load_without_the_package(tmp_path):
         assert (tmp_path / "model" / name).exists()
     x = ids()
     with torch.no_grad():
-        expected = {"ids": x, "logits": model(x).logits, "hidden": model.model(x).last_hidden_state}
+        expected = {"ids": x, "logits": model(x).logits, "hidden": model.model(x).last_hidden_state,
+                    "generated": model.generate(x[:, :4], max_new_tokens=6, do_sample=False, pad_token_id=0)}
+    model.train()
+    model(x, labels=x).loss.backward()
+    expected["grads"] = {name: p.grad for name, p in model.named_parameters()
+                         if ".gate." in name or name.endswith(("q_proj.weight", "embed_tokens.weight"))}
     torch.save(expected, tmp_path / "expected.pt")
     env = {"HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin",
            "OMP_NUM_THREADS": "1"}  # the test process computes on one thread (conftest.py): same reductions

@@ -254,7 +254,7 @@ class GatedQwenPreTrainedModel(PreTrainedModel):
                 return "gated_triton"
             chosen = super().get_correct_attn_implementation(requested_attention, is_init_check)
             if gated_triton_is_default is None:  # on a CUDA GPU the fused kernel would have run
-                log = logger.warning_once if torch.cuda.is_available() else logger.info
+                log = logger.warning_once if torch.cuda.is_available() else logger.info_once
                 log(f"GatedQwen: attention runs as {chosen!r} with a separate sigmoid gate; {FUSED_KERNEL_HINT}")
             return chosen
         return super().get_correct_attn_implementation(requested_attention, is_init_check)
