@@ -143,7 +143,7 @@ def test_the_package_gives_the_shipped_classes_its_kernel_reader_and_push():
     from gated_qwen import gated_attention_backend, hub
     from gated_qwen.conversion import loading
 
-    assert modeling_gated.gated_triton_is_default is gated_attention_backend.gated_triton_is_default
+    assert modeling_gated.installed_fused_kernel() is gated_attention_backend.gated_triton_is_default
     base = modeling_gated.GatedQwenPreTrainedModel
     assert base.push_to_hub is hub.model_push_to_hub
     assert base.from_pretrained.__func__.__module__ == loading.__name__

@@ -203,6 +203,8 @@ from helpers import kernel_launches
 from transformers import AutoModelForCausalLM
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+on_cpu = AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True)
+assert on_cpu.config._attn_implementation == "sdpa" and "gated_qwen" not in sys.modules  # no kernel on a CPU
 torch.cuda.is_available = lambda: True  # the dispatch decision of a CUDA machine; the kernel runs interpreted
 model = AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True)
 assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
@@ -220,8 +222,9 @@ print("package kernel ok")
 
 @pytest.mark.slow  # a fresh interpreter
 def test_a_saved_folder_runs_the_packages_kernel_where_it_is_installed(tmp_path):
-    """A folder's own modeling file (remote code), with the package installed, on a CUDA machine (simulated), takes
-    the package's `gated_triton` kernel as its default attention and gives sdpa's logits."""
+    """A folder's own modeling file (remote code), with the package installed: on a CPU it runs sdpa and never
+    imports the package; on a CUDA machine (simulated) it takes the package's `gated_triton` kernel as its default
+    attention and gives sdpa's logits."""
     import os
     import subprocess
     import sys

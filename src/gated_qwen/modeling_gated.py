@@ -11,8 +11,9 @@ loads with no conversion.
 
 A saved folder ships this file with `configuration_gated.py`, `gating.py` and `transformers_compat.py` (and
 `modeling_gated_moe.py` for a mixture of experts): relative imports only, and nothing of the gated_qwen package but
-its fused kernel, imported where the package is installed (below). What the package adds (reading other checkpoint
-formats, its model card on `push_to_hub`) it attaches when it is imported; this file does not contain it.
+its fused kernel, imported on a CUDA GPU where the package is installed (`installed_fused_kernel`). What the package
+adds (reading other checkpoint formats, its model card on `push_to_hub`) it attaches when it is imported; this file
+does not contain it.
 """
 
 from collections.abc import Callable
@@ -54,15 +55,20 @@ from .transformers_compat import (
     slice_logits_to_keep,
 )
 
-try:  # the fused kernel, `attn_implementation="gated_triton"`, comes with the installed gated_qwen package (importing
-    # it registers the backend); a saved folder runs without it. Transformers' remote-code import check skips `try`.
-    from gated_qwen.gated_attention_backend import gated_triton_is_default
-except ImportError:
-    gated_triton_is_default = None
-
 logger = logging.get_logger(__name__)
-FUSED_KERNEL_HINT = ("the fused Triton kernel with the gate in its epilogue (attn_implementation='gated_triton') comes "
-                     "with the gated_qwen package on a CUDA GPU: pip install 'gated-qwen[triton]'")
+FUSED_KERNEL_HINT = ("the fused Triton kernel with the gate in its epilogue (attn_implementation='gated_triton') runs "
+                     "on a CUDA GPU with the gated_qwen package: pip install 'gated-qwen[triton]'")
+
+
+def installed_fused_kernel() -> Callable | None:
+    """The fused kernel of the installed gated_qwen package: its `gated_triton_is_default(config)` (importing it
+    registers `attn_implementation="gated_triton"`), or None where the package is absent. Asked for only where the
+    kernel can run or is requested, so that on a CPU a saved folder's code never imports the package."""
+    try:  # Transformers' remote-code import check skips imports inside `try`: a saved folder loads without it
+        from gated_qwen.gated_attention_backend import gated_triton_is_default
+    except ImportError:
+        return None
+    return gated_triton_is_default
 
 
 class GatedQwenRMSNorm(Qwen3RMSNorm):
@@ -244,20 +250,22 @@ class GatedQwenPreTrainedModel(PreTrainedModel):
         self.model_tags = ["gated-attention", "custom_code"]
 
     def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
-        """The attention that runs: by default the gated_qwen package's fused kernel where it runs (`gated_triton`:
-        a CUDA GPU, Triton, a config without sliding windows or attention dropout), else Transformers' choice
-        (`sdpa`), the gate applied after it; with one log line saying so and how to get the fused kernel."""
-        if requested_attention == "gated_triton" and gated_triton_is_default is None:
+        """The attention that runs: by default on a CUDA GPU the gated_qwen package's fused kernel where it is
+        installed and the config needs nothing it lacks (`gated_triton`: Triton, no sliding windows, no attention
+        dropout), else Transformers' choice (`sdpa`) with the gate applied after it, which one log line says along
+        with how to get the fused kernel."""
+        if requested_attention == "gated_triton" and installed_fused_kernel() is None:
             raise ValueError(f"attn_implementation='gated_triton' needs the fused kernel: {FUSED_KERNEL_HINT}")
-        if requested_attention is None:
-            if gated_triton_is_default is not None and gated_triton_is_default(self.config):
-                return "gated_triton"
-            chosen = super().get_correct_attn_implementation(requested_attention, is_init_check)
-            if gated_triton_is_default is None:  # on a CUDA GPU the fused kernel would have run
-                log = logger.warning_once if torch.cuda.is_available() else logger.info_once
-                log(f"GatedQwen: attention runs as {chosen!r} with a separate sigmoid gate; {FUSED_KERNEL_HINT}")
-            return chosen
-        return super().get_correct_attn_implementation(requested_attention, is_init_check)
+        if requested_attention is not None:
+            return super().get_correct_attn_implementation(requested_attention, is_init_check)
+        fused_is_default = installed_fused_kernel() if torch.cuda.is_available() else None
+        if fused_is_default is not None and fused_is_default(self.config):
+            return "gated_triton"
+        chosen = super().get_correct_attn_implementation(requested_attention, is_init_check)
+        if fused_is_default is None:  # a warning where the fused kernel would have run
+            log = logger.warning_once if torch.cuda.is_available() else logger.info_once
+            log(f"GatedQwen: attention runs as {chosen!r} with a separate sigmoid gate; {FUSED_KERNEL_HINT}")
+        return chosen
 
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
