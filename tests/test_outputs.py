@@ -302,7 +302,9 @@ def test_a_live_run_in_another_pid_namespace_is_left_alone(tmp_path, capsys):
 def test_only_folders_with_this_projects_owner_record_are_removed(tmp_path, capsys):
     """A user's folder whose name merely looks like a staging folder is kept, whatever it holds, and said to be."""
     lookalikes = {".out.writing-123-abcdefgh": None, ".out.replaced-1-xyz": {"pid": 1, "host": socket.gethostname()},
-                  ".out.writing-4-owner": "not json"}
+                  ".out.writing-4-owner": "not json",
+                  ".out.writing-5-theirs": {"by": "another-tool", "kind": "writing", "name": "out", "pid": 5,
+                                            "host": socket.gethostname()}}  # a record in every way but its owner
     for name, owner in lookalikes.items():
         (tmp_path / name).mkdir()
         (tmp_path / name / "notes.txt").write_text("mine")
@@ -460,7 +462,90 @@ def test_nothing_is_written_into_a_hugging_face_cache(tmp_path, capsys):
     capsys.readouterr()
     refused(capsys, ["card", str(snapshot), "--overwrite"], "lies inside the Hugging Face cache")
     refused(capsys, ["eval-ppl", str(tmp_path / "model"), "--lengths", "8", "--out", str(snapshot / "rows.json")],
-            f"lies inside the Hugging Face cache ({tmp_path}/hub/models--me--tiny)")
+            f"lies inside the Hugging Face cache '{tmp_path}/hub/models--me--tiny'")
+    assert tree(tmp_path) == before
+
+
+def test_no_output_is_the_hugging_face_cache_lies_in_it_or_holds_it(tmp_path, capsys, hermetic_hf_caches):
+    """The cache root (the folder of `models--*/` repositories) and every folder of it, and the folders that hold it
+    (HF_HOME, with the token): never replaced, never written into, whatever the command reads."""
+    hub = tmp_path / "hub"
+    hub_cache_snapshot(hub)
+    (hub / ".locks").mkdir()
+    GatedQwenForCausalLM(GatedQwenConfig(**{**TINY, "vocab_size": 64})).save_pretrained(tmp_path / "model")
+    home = Path(hermetic_hf_caches["HF_HOME"])
+    (home / "hub").mkdir(parents=True)
+    (home / "token").write_text("hf_secret")
+    before, home_before = tree(tmp_path), tree(home)
+    capsys.readouterr()
+    model = str(tmp_path / "model")
+    refused(capsys, ["analyze", model, "--length", "8", "--out", str(hub), "--overwrite"],
+            f"--out {str(hub)!r} is the Hugging Face cache {str(hub)!r}")
+    refused(capsys, ["analyze", model, "--length", "8", "--out", str(hub / ".locks"), "--overwrite"],
+            f"lies inside the Hugging Face cache {str(hub)!r}")
+    refused(capsys, ["analyze", model, "--length", "8", "--out", str(hub / "analysis")],
+            f"lies inside the Hugging Face cache {str(hub)!r}")
+    refused(capsys, ["eval-ppl", model, "--lengths", "8", "--out", str(home / "rows.json")],
+            f"lies inside the Hugging Face cache {str(home)!r}")
+    refused(capsys, ["analyze", model, "--length", "8", "--out", str(home), "--overwrite"],
+            f"is the Hugging Face cache {str(home)!r}")
+    refused(capsys, ["analyze", model, "--length", "8", "--out", str(home.parent), "--overwrite"],
+            f"contains the Hugging Face cache {str(home)!r}")
+    assert tree(tmp_path) == before and tree(home) == home_before
+
+
+def test_an_input_given_as_a_link_is_its_target(tmp_path, capsys):
+    """MODEL and --tokens given through links: the output at what they name (the real folder, the real file) is the
+    input itself, not a stranger beside the link."""
+    model = tmp_path / "model"
+    GatedQwenForCausalLM(GatedQwenConfig(**{**TINY, "vocab_size": 64})).save_pretrained(model)
+    save_file({"input_ids": torch.zeros(2, 16, dtype=torch.long)}, tmp_path / "tokens.safetensors")
+    (tmp_path / "links").mkdir()
+    (tmp_path / "links" / "model").symlink_to(model)
+    (tmp_path / "links" / "tokens").symlink_to(tmp_path / "tokens.safetensors")
+    before = tree(tmp_path)
+    capsys.readouterr()
+    refused(capsys, ["analyze", str(tmp_path / "links" / "model"), "--length", "8", "--out", str(model), "--overwrite"],
+            f"--out {str(model)!r} is the input {str(tmp_path / 'links' / 'model')!r}")
+    refused(capsys, ["eval-ppl", str(model), "--lengths", "8", "--tokens", str(tmp_path / "links" / "tokens"),
+                     "--out", str(tmp_path / "tokens.safetensors"), "--overwrite"],
+            f"is the input {str(tmp_path / 'links' / 'tokens')!r}")
+    assert tree(tmp_path) == before
+
+
+def index_naming_a_shard_outside(tmp_path: Path) -> tuple[Path, Path]:
+    """tmp/sh/model, sharded, whose index names its second shard as ../shared/SHARD (Transformers follows it), and
+    tmp/sh/shared holding that shard and a file of the user's; returns (model, the shard)."""
+    model, shared = tmp_path / "sh" / "model", tmp_path / "sh" / "shared"
+    torch.manual_seed(0)
+    GatedQwenForCausalLM(GatedQwenConfig(**{**TINY, "vocab_size": 64})).save_pretrained(model, max_shard_size="40KB")
+    index = json.loads((model / "model.safetensors.index.json").read_text())
+    shard = sorted(set(index["weight_map"].values()))[1]
+    shared.mkdir()
+    os.rename(model / shard, shared / shard)
+    (shared / "notes.txt").write_text("the user's")
+    index["weight_map"] = {k: f"../shared/{v}" if v == shard else v for k, v in index["weight_map"].items()}
+    (model / "model.safetensors.index.json").write_text(json.dumps(index))
+    return model, shared / shard
+
+
+def test_the_shards_an_index_names_outside_the_folder_are_inputs(tmp_path, capsys):
+    """Transformers reads `../shared/SHARD` when the index names it: that shard is an input wherever it lies (every
+    file a command reads is), so no output may replace it or the folder that holds it; convert, which reads only
+    SRC's own files, refuses such an index."""
+    model, shard = index_naming_a_shard_outside(tmp_path)
+    assert GatedQwenForCausalLM.from_pretrained(model) is not None  # what the commands read, as Transformers does
+    before = tree(tmp_path)
+    capsys.readouterr()
+    shown = f"'{model}/../shared/{shard.name}', which the input {str(model)!r} names"
+    refused(capsys, ["analyze", str(model), "--length", "8", "--out", str(shard.parent), "--overwrite"],
+            f"--out {str(shard.parent)!r} contains {shown}")
+    refused(capsys, ["eval-ppl", str(model), "--lengths", "8", "--out", str(shard), "--overwrite"],
+            f"--out {str(shard)!r} is {shown}")
+    refused(capsys, ["convert", str(model), str(shard.parent), "--to", "release", "--overwrite"],
+            f"DST {str(shard.parent)!r} contains {shown}")
+    refused(capsys, ["convert", str(model), str(tmp_path / "release"), "--to", "release"],
+            "names weight files outside the folder (['../shared/")
     assert tree(tmp_path) == before
 
 

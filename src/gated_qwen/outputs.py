@@ -4,12 +4,15 @@ The rules, written once:
 - **Never into, over or around an input, by file identity.** Files and folders are compared by what they are
   (device and inode), not by their paths, so a second path to the same folder (a bind mount, a case-insensitive file
   system, a hard link, a symlink at any depth) is recognised. An input is every file and folder a command may read:
-  each input given, and, for a folder, everything under it, links followed. An output is refused before anything is
+  each input given, and, for a folder, everything under it, links followed, and every file an index in it names
+  (a shard `../shared/x`, which Transformers follows, wherever it lies). An output is refused before anything is
   read or written (`check_output`) when it is one of those, lies inside one (one of its folders is an input folder),
   or would replace something that holds one (the old output is walked as its removal would walk it, mount points
-  included); the current folder counts as an input. Also refused: an output inside a Hugging Face cache (a snapshot's
-  files are links into blobs that other snapshots share), an output that is or holds a mount point (renaming it or
-  removing it would fail half-way or reach into the mounted file system), a name longer than the file system allows.
+  included); the current folder counts as an input. Also refused: an output that is, lies inside or holds a Hugging
+  Face cache (the configured HF_HOME and hub cache, a folder of `models--*/` repositories, a repository: a
+  snapshot's files are links into blobs that other snapshots share), an output that is or holds a mount point
+  (renaming it or removing it would fail half-way or reach into the mounted file system), a name longer than the
+  file system allows.
   A file output never writes through a link: a link in its place is replaced, its target left as it is.
 - **Whole or not at all.** The output is built in a staging folder beside it, `.NAME.writing-PID-XXXXXXXX/NAME`,
   and renamed into place only when complete; on any failure (a full disk included, said as such) the staging folder
@@ -68,18 +71,26 @@ def _identity(status: os.stat_result) -> tuple[int, int]:
 
 
 class _Inputs:
-    """Every file and folder the inputs reach (each given path, and under a folder everything, links followed), by
-    identity: `top` (identity -> an input as given) and `reached` (identity -> the path it was reached by, and the
-    input it belongs to), and `chains` (identity of a folder that holds an input -> that input)."""
+    """Every file and folder the inputs reach, by identity: each given path, under a folder everything (links
+    followed), and every file an index in such a folder names (`*.index.json`: its `weight_map`'s files, which
+    Transformers reads wherever they lie, `../shared/x` included). `top` (identity -> an input as given), `reached`
+    (identity -> the path it was reached by, the input it belongs to, and how: "holds" or "names") and `chains`
+    (identity of a folder that holds an input -> that input)."""
 
     def __init__(self, inputs: Iterable[str | os.PathLike | None], cwd: Path):
         self.top: dict[tuple[int, int], str] = {}
-        self.reached: dict[tuple[int, int], tuple[str, str]] = {}
+        self.reached: dict[tuple[int, int], tuple[str, str, str]] = {}
         self.chains: dict[tuple[int, int], str] = {
             _identity(folder.stat()): "the current folder" for folder in [*reversed(cwd.parents), cwd]}
         for given in inputs:
             if given is not None:
                 self._add(str(given), Path(given))
+
+    def _reach(self, status: os.stat_result, name: str, given: str, how: str = "holds") -> None:
+        if len(self.reached) >= MAX_INPUT_ENTRIES:
+            raise OutputError(f"The input {given!r} reaches more than {MAX_INPUT_ENTRIES} files and folders "
+                              "(links followed); give a folder that holds only what the command reads.")
+        self.reached.setdefault(_identity(status), (name, given, how))
 
     def _add(self, given: str, path: Path) -> None:
         try:
@@ -101,29 +112,59 @@ class _Inputs:
             except OSError:
                 continue  # unreadable: the command cannot read it either
             for entry in entries:
-                if len(self.reached) >= MAX_INPUT_ENTRIES:
-                    raise OutputError(f"The input {given!r} reaches more than {MAX_INPUT_ENTRIES} files and folders "
-                                      "(links followed); give a folder that holds only what the command reads.")
                 name = f"{shown}/{entry.name}"
                 if entry.is_symlink():
-                    self.reached.setdefault(_identity(entry.stat(follow_symlinks=False)), (name, given))
+                    self._reach(entry.stat(follow_symlinks=False), name, given)
                 try:
                     target = entry.stat()
                 except OSError:
                     continue  # a dangling link
-                self.reached.setdefault(_identity(target), (name, given))
+                self._reach(target, name, given)
                 if stat.S_ISDIR(target.st_mode) and _identity(target) not in seen:
                     seen.add(_identity(target))
                     stack.append((name, Path(folder) / entry.name))
+        for named in _files_an_index_names(path):
+            for status in _statuses(path / named):
+                self._reach(status, f"{given}/{named}", given, "names")
 
     def describe(self, identity: tuple[int, int]) -> str | None:
         """What `identity` is among the inputs, for a message; None when it is none of them."""
         if identity in self.top:
             return f"the input {self.top[identity]!r}"
         if identity in self.reached:
-            name, given = self.reached[identity]
-            return f"{name!r}, which the input {given!r} holds"
+            name, given, how = self.reached[identity]
+            return f"{name!r}, which the input {given!r} {how}"
         return None
+
+
+def _statuses(path: Path) -> list[os.stat_result]:
+    """The identity of `path` and, for a link, of what it names (none where nothing is)."""
+    found = []
+    for follow in (False, True):
+        try:
+            found.append(os.stat(path, follow_symlinks=follow))
+        except OSError:
+            pass
+    return found
+
+
+INDEX_MAX_BYTES = 64 * 2**20
+
+
+def _files_an_index_names(folder: Path) -> list[str]:
+    """The files that the indexes of a model folder (`*.index.json`, e.g. `model.safetensors.index.json`) name in
+    their `weight_map`, as written (an index that is not one names nothing: the command refuses it itself)."""
+    named = set()
+    for index in sorted(folder.glob("*.index.json")):
+        try:
+            with open(index, "rb") as file:
+                weight_map = json.loads(file.read(INDEX_MAX_BYTES + 1)[:INDEX_MAX_BYTES]).get("weight_map")
+        except (OSError, ValueError, RecursionError, AttributeError):
+            continue
+        if isinstance(weight_map, dict):
+            named.update(value for value in weight_map.values()
+                         if isinstance(value, str) and value and "\0" not in value)
+    return sorted(named)
 
 
 def _mount_points() -> set[str]:
@@ -140,13 +181,38 @@ def _is_mount_point(path: Path, mounts: set[str]) -> bool:
     return str(path) in mounts or os.path.ismount(path)
 
 
-def _cache_repository(target: Path) -> Path | None:
-    """The repository folder of a Hugging Face cache (`models--ORG--NAME/`, holding `blobs/` and `snapshots/`) that
-    `target` is or lies inside, if any."""
+def _is_cache_repository(folder: Path) -> bool:
+    """Whether `folder` is a repository of a Hugging Face cache (`models--ORG--NAME/`, holding `blobs/` or
+    `snapshots/`)."""
+    return bool(CACHE_REPO.match(folder.name)) and ((folder / "snapshots").is_dir() or (folder / "blobs").is_dir())
+
+
+def _holds_cache_repository(folder: Path) -> bool:
+    try:
+        with os.scandir(folder) as entries:
+            return any(CACHE_REPO.match(entry.name) and _is_cache_repository(Path(entry.path)) for entry in entries)
+    except OSError:
+        return False
+
+
+def _configured_caches() -> list[Path]:
+    """The Hugging Face caches this machine is configured with that exist: HF_HOME (the token lives there) and the
+    hub cache (huggingface_hub's constants, which read HF_HOME, HF_HUB_CACHE, XDG_CACHE_HOME)."""
+    from huggingface_hub import constants
+
+    return [Path(folder).resolve() for folder in (constants.HF_HOME, constants.HF_HUB_CACHE) if Path(folder).is_dir()]
+
+
+def _cache_around(target: Path) -> tuple[Path, str] | None:
+    """The Hugging Face cache that `target` is, lies inside or holds, and which of the three: a configured one, a
+    repository of one (`models--ORG--NAME/`) or a cache root (a folder that holds repositories)."""
+    configured = _configured_caches()
     for folder in [target, *target.parents]:
-        if CACHE_REPO.match(folder.name) and ((folder / "snapshots").is_dir() or (folder / "blobs").is_dir()):
-            return folder
-    return None
+        if folder.exists() and (folder in configured or _is_cache_repository(folder)
+                                or _holds_cache_repository(folder)):
+            return folder, "is" if folder == target else "lies inside"
+    held = [cache for cache in configured if target in cache.parents]
+    return (held[0], "contains") if held else None
 
 
 def _name_max(folder: Path) -> int:
@@ -176,6 +242,9 @@ def _what_it_would_replace(target: Path, inputs: _Inputs, mounts: set[str], show
             if what is not None:
                 raise OutputError(f"{shown} contains {what} (as {str(path)!r}); replacing it could destroy the input. "
                                   "Choose an output outside every input.")
+            if stat.S_ISDIR(status.st_mode) and _is_cache_repository(path):
+                raise OutputError(f"{shown} contains the Hugging Face cache {str(path.parent)!r}; replacing it would "
+                                  "delete the models cached there. Choose another path.")
             if stat.S_ISDIR(status.st_mode) and (status.st_dev != device or _is_mount_point(path, mounts)):
                 raise OutputError(f"{shown} contains the mount point {str(path)!r}; replacing it would delete what is "
                                   "mounted there. Unmount it, or choose another path.")
@@ -208,11 +277,12 @@ def check_output(
         raise OutputError(f"{shown}: the name {target.name[:40]!r}... is {len(os.fsencode(target.name))} bytes, more "
                           f"than the file system allows ({_name_max(_nearest_existing(target.parent))}); choose a "
                           "shorter name.")
-    repository = _cache_repository(target)
-    if repository is not None:
-        raise OutputError(f"{shown} lies inside the Hugging Face cache ({repository}), whose snapshots are links into "
-                          "blobs they share; copy the model to a folder of its own first (e.g. `hf download REPO_ID "
-                          "--local-dir DIR`) and write there.")
+    cache = _cache_around(target)
+    if cache is not None:
+        folder, relation = cache
+        raise OutputError(f"{shown} {relation} the Hugging Face cache {str(folder)!r}, whose snapshots are links into "
+                          "blobs they share; write outside it (to work on a cached model, copy it to a folder of its "
+                          "own first: `hf download REPO_ID --local-dir DIR`).")
     cwd = Path.cwd().resolve()
     known = _Inputs(inputs, cwd)
     exists = target.exists() or target.is_symlink()
