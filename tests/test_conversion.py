@@ -850,3 +850,100 @@ def test_srcs_own_code_is_carried_only_when_asked(qwen3_sources, tmp_path, capsy
     assert main(["convert", str(src), str(tmp_path / "named"), "--from", "qwen3", "--no-verify", "--carry-code"]) == 0
     package = Path(gated_qwen.__file__).parent / "modeling_gated.py"
     assert (tmp_path / "named" / "modeling_gated.py").read_text() == package.read_text()
+
+
+# ------------------------------------------------------------------------- files swapped while convert runs (races)
+def swapping_when(monkeypatch, moment: str, swap) -> None:
+    """Calls `swap()` while the conversion runs: when the weights start being written (`"start"`: after SRC's
+    files were checked and listed, before any tensor is read) or once every shard is written (`"end"`: the weights
+    are staged, the carried files not yet copied), at the progress bar the conversion draws (tqdm's, patched: not
+    the code under test)."""
+    from gated_qwen.conversion import io
+
+    class Bar(io.tqdm):
+        def __init__(self, *args, **kwargs):
+            if moment == "start":
+                swap()
+            super().__init__(*args, **kwargs)
+
+        def close(self):
+            if moment == "end":
+                swap()
+            super().close()
+
+    monkeypatch.setattr(io, "tqdm", Bar)
+
+
+def test_a_weight_file_swapped_for_a_link_mid_run_is_not_read(tmp_path, monkeypatch, capsys):
+    """SRC's model.safetensors swapped, while the conversion runs, for a link to another checkpoint of the same shape
+    outside SRC: every tensor is read from the file that was checked (opened once), never from the outside one."""
+    src, outside = tmp_path / "src", tmp_path / "outside"
+    randomize_(Qwen3ForCausalLM(Qwen3Config(**TINY)), seed=1).save_pretrained(src)
+    randomize_(Qwen3ForCausalLM(Qwen3Config(**TINY)), seed=2).save_pretrained(outside)
+    original = tensors(src)
+
+    def swap():
+        os.rename(src / "model.safetensors", tmp_path / "moved.safetensors")
+        (src / "model.safetensors").symlink_to(outside / "model.safetensors")
+
+    swapping_when(monkeypatch, "start", swap)
+    assert main(["convert", str(src), str(tmp_path / "dst"), "--from", "qwen3", "--no-verify"]) == 0
+    assert (src / "model.safetensors").is_symlink()  # the swap happened during the run
+    written = tensors(tmp_path / "dst")
+    assert sorted(written) == sorted(original)
+    for name, tensor in original.items():
+        assert torch.equal(written[name], tensor), name
+
+
+def test_a_carried_file_swapped_for_a_link_after_the_weights_is_not_copied(tmp_path, monkeypatch, capsys):
+    """tokenizer.json swapped for a link to a secret outside SRC once the weights are staged: DST gets the
+    tokenizer.json that was checked (copied through the file it opened then), never the secret."""
+    src = tmp_path / "src"
+    randomize_(Qwen3ForCausalLM(Qwen3Config(**TINY))).save_pretrained(src)
+    (src / "tokenizer.json").write_text('{"model": "tiny"}')
+    (tmp_path / "secret.txt").write_text("hf_secret_token")
+
+    def swap():
+        (src / "tokenizer.json").unlink()
+        (src / "tokenizer.json").symlink_to(tmp_path / "secret.txt")
+
+    swapping_when(monkeypatch, "end", swap)
+    assert main(["convert", str(src), str(tmp_path / "dst"), "--from", "qwen3", "--no-verify"]) == 0
+    assert (src / "tokenizer.json").is_symlink()
+    assert (tmp_path / "dst" / "tokenizer.json").read_text() == '{"model": "tiny"}'
+
+
+def test_a_model_in_a_sub_folder_of_a_cache_snapshot_is_read_through_its_links(qwen3_sources, tmp_path, capsys):
+    """A snapshot that holds several models in sub-folders (as the paper's release is laid out): each sub-folder's
+    files link into the repository's blobs/ and are SRC's own, as docs/cli.md says of snapshot links; a link that
+    leaves the repository is still refused by name."""
+    repo = tmp_path / "hub" / "models--QwQZh--gated_attention"
+    snapshot = repo / "snapshots" / "0123abcd"
+    (repo / "blobs").mkdir(parents=True)
+    for sub in ("1B_baseline", "1B_gate_elementwise"):
+        shutil.copytree(qwen3_sources[False][0], snapshot / sub)
+        (snapshot / sub / "tokenizer.json").write_text(f'{{"model": "{sub}"}}')
+        for i, path in enumerate(sorted((snapshot / sub).iterdir())):
+            os.rename(path, repo / "blobs" / f"{sub}-{i}")
+            path.symlink_to(Path("..", "..", "..", "blobs", f"{sub}-{i}"))
+    assert main(["convert", str(snapshot / "1B_baseline"), str(tmp_path / "dst"), "--from", "qwen3"]) == 0
+    assert (tmp_path / "dst" / "tokenizer.json").read_text() == '{"model": "1B_baseline"}'
+    (tmp_path / "secret.txt").write_text("someone else's file")
+    (snapshot / "1B_baseline" / "tokenizer.json").unlink()
+    (snapshot / "1B_baseline" / "tokenizer.json").symlink_to(tmp_path / "secret.txt")
+    cli_refuses(capsys, ["convert", str(snapshot / "1B_baseline"), str(tmp_path / "dst2"), "--from", "qwen3"],
+                f"SRC's file to carry 'tokenizer.json' is '{tmp_path}/secret.txt', outside SRC (through the link "
+                "'tokenizer.json')", tmp_path / "dst2")
+
+
+def test_srcs_code_named_like_a_module_of_this_package_is_srcs_own(qwen3_sources, tmp_path, capsys):
+    """SRC's hub.py or cli.py (named like modules of this package that a saved folder does not ship) is SRC's code:
+    carried with --carry-code, said to be left behind without it."""
+    src = copy_source(qwen3_sources, tmp_path)
+    (src / "hub.py").write_text("# someone else's code\n")
+    assert main(["convert", str(src), str(tmp_path / "plain"), "--from", "qwen3", "--no-verify"]) == 0
+    assert "not carried: SRC's code files ['hub.py'] (someone else's code" in capsys.readouterr().err
+    assert not (tmp_path / "plain" / "hub.py").exists()
+    assert main(["convert", str(src), str(tmp_path / "code"), "--from", "qwen3", "--no-verify", "--carry-code"]) == 0
+    assert "carried SRC's code files ['hub.py'] (--carry-code)" in capsys.readouterr().err
+    assert (tmp_path / "code" / "hub.py").read_text() == "# someone else's code\n"

@@ -1,27 +1,33 @@
 """Reading and writing checkpoints one tensor at a time.
 
 `Checkpoint` lists a folder's tensors (names, shapes, dtypes) from the safetensors headers without reading any data,
-and `get(name)` reads one tensor with the file opened just for that read (a memory map that is closed again, so the
-pages it touched stop counting against this process). `write_weights` computes the output tensors shard by shard
+and `get(name)` reads one tensor with the file mapped just for that read (a memory map that is closed again, so the
+pages it touched stop counting against this process), through the handle opened when the file was checked. `write_weights` computes the output tensors shard by shard
 from a plan (`name -> TensorPlan`) and saves each shard with `safetensors.torch.save_file` into a staging folder
 (`gated_qwen.outputs`). Peak memory is about one output shard (plus the imports); by default an output shard is at
 most half the largest input file. Every way a folder can be unreadable (config.json, the index, a shard, a pickle)
 is a `ConversionError` that names the file.
 
 SRC's files are the regular files inside SRC: a link is followed only when it stays inside SRC (or, in a Hugging
-Face cache snapshot, inside the repository's `blobs/`, where a snapshot's links point); a weight file, an index entry
-or a carried file that reaches elsewhere, or that is not a regular file, is refused by name (`source_file`).
+Face cache snapshot or a sub-folder of one, inside the repository's `blobs/`, where a snapshot's links point); a
+weight file, an index entry or a carried file that reaches elsewhere, or that is not a regular file, is refused by
+name (`source_file`). Each is opened once and checked as opened (`SourceFile`), and every tensor read and every file
+carried goes through that handle: a name swapped for a link while the conversion runs reaches nothing.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import os
 import re
 import shutil
+import stat
+import weakref
 import zipfile
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,38 +53,96 @@ CARRIED_FILE_PATTERNS = (
     "tokenizer*", "vocab*", "merges.txt", "special_tokens_map.json", "added_tokens.json", "chat_template*",
     "generation_config.json", "LICENSE*", "NOTICE*",
 )
-# This package's own code files, which a gated_qwen folder ships (`save_pretrained` writes them): not someone else's.
-PACKAGE_CODE = frozenset(path.name for path in Path(__file__).resolve().parent.parent.glob("*.py"))
 
 
 def _source_roots(src: Path) -> list[Path]:
-    """The folders SRC's files may lie in, resolved: SRC, and for a Hugging Face cache snapshot
-    (`models--ORG--NAME/snapshots/REVISION`) the repository's `blobs/`, which the snapshot's files link to."""
+    """The folders SRC's files may lie in, resolved: SRC, and when SRC is or lies inside a Hugging Face cache snapshot
+    (`models--ORG--NAME/snapshots/REVISION[/SUB-FOLDER]`, e.g. one model of a release that holds several) the
+    repository's `blobs/`, which the snapshot's files link to."""
     root = src.resolve()
     roots = [root]
-    if root.parent.name == "snapshots" and (root.parent.parent / "blobs").is_dir():
-        roots.append((root.parent.parent / "blobs").resolve())
+    for folder in [root, *root.parents]:
+        if folder.parent.name == "snapshots" and (folder.parent.parent / "blobs").is_dir():
+            roots.append((folder.parent.parent / "blobs").resolve())
+            break
     return roots
 
 
-def source_file(src: Path, name: str, what: str) -> Path:
-    """`src / name` when it is one of SRC's files (a regular file inside SRC, links inside SRC followed); otherwise a
-    `ConversionError` that names it (`what`: how the command came to read it) and says why."""
+class SourceFile:
+    """One of SRC's files, opened once and checked as opened (a regular file inside SRC): everything convert reads
+    from it goes through this handle, so a name swapped for a link while the conversion runs changes nothing.
+    `path` names the opened file itself (Linux: `/proc/self/fd/N`, which safetensors and torch open as they would
+    the file; elsewhere the file's resolved path, whose identity is checked again at every `path`); `str()` is the
+    name as SRC has it, for messages."""
+
+    def __init__(self, fd: int, shown: str, resolved: Path):
+        self.fd, self.shown, self.resolved = fd, shown, resolved
+        self.identity = (os.fstat(fd).st_dev, os.fstat(fd).st_ino)
+        self._close = weakref.finalize(self, os.close, fd)
+        self._proc = Path(f"/proc/self/fd/{fd}")
+
+    @property
+    def path(self) -> str:
+        if self._proc.exists():
+            return str(self._proc)
+        status = os.stat(self.resolved)
+        if (status.st_dev, status.st_ino) != self.identity:
+            raise ConversionError(f"SRC's {self.shown} was replaced while the conversion ran; nothing was written.")
+        return str(self.resolved)
+
+    @property
+    def size(self) -> int:
+        return os.fstat(self.fd).st_size
+
+    def read_text(self) -> str:
+        return os.pread(self.fd, self.size + 1, 0).decode()
+
+    def close(self) -> None:
+        self._close()
+
+    def __str__(self) -> str:
+        return self.shown
+
+    __fspath__ = path.fget
+
+
+def source_file(src: Path, name: str, what: str) -> SourceFile:
+    """`src / name`, opened, when it is one of SRC's files (a regular file inside SRC, links inside SRC followed);
+    otherwise a `ConversionError` that names it (`what`: how the command came to read it) and says why."""
     path = src / name
     resolved = path.resolve()
-    if not any(resolved.is_relative_to(root) for root in _source_roots(src)):
+    roots = _source_roots(src)
+
+    def outside(where: Path) -> ConversionError:
         links = [str(Path(*Path(name).parts[: i + 1])) for i in range(len(Path(name).parts))
                  if (src / Path(*Path(name).parts[: i + 1])).is_symlink()]
-        raise ConversionError(
-            f"{what} {name!r} is {str(resolved)!r}, outside SRC" + (f" (through the link {links[0]!r})" if links else "")
+        return ConversionError(
+            f"{what} {name!r} is {str(where)!r}, outside SRC" + (f" (through the link {links[0]!r})" if links else "")
             + "; convert reads only files inside SRC. Copy the file into SRC instead of linking to it.")
+
+    if not any(resolved.is_relative_to(root) for root in roots):
+        raise outside(resolved)
     if not resolved.exists():
         raise ConversionError(f"{what} {name!r} in SRC does not exist" + (" (a dangling link)" if path.is_symlink()
                                                                           else "") + ".")
     if not resolved.is_file():
         kind = "a folder" if resolved.is_dir() else "not a regular file (a pipe, socket or device)"
         raise ConversionError(f"{what} {name!r} in SRC is {kind}; convert reads and carries only regular files.")
-    return resolved
+    try:
+        fd = os.open(resolved, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0))
+    except OSError as error:
+        raise ConversionError(f"{what} {name!r} in SRC cannot be read ({error.strerror}).") from None
+    opened = SourceFile(fd, str(path), resolved)
+    proc = Path(f"/proc/self/fd/{fd}")
+    where = Path(os.readlink(proc)) if proc.is_symlink() else resolved  # what was opened, whatever its name is now
+    regular = stat.S_ISREG(os.fstat(fd).st_mode)
+    if regular and any(where.is_relative_to(root) for root in roots):
+        return opened
+    opened.close()
+    if not regular:
+        raise ConversionError(f"{what} {name!r} in SRC is not a regular file (a pipe, socket or device); convert "
+                              "reads and carries only regular files.")
+    raise outside(where)
 
 
 @dataclass(frozen=True)
@@ -105,7 +169,9 @@ class TensorPlan:
 
 
 class Checkpoint:
-    """A model folder: `config` (config.json as a dict), `tensors` (name -> TensorInfo) and `get(name)`."""
+    """A model folder: `config` (config.json as a dict), `tensors` (name -> TensorInfo) and `get(name)`. Each of its
+    files is opened once, when it is checked (`source_file`), and read through that handle only (`files`: weight file
+    name -> `SourceFile`)."""
 
     def __init__(self, folder: str | os.PathLike, allow_pickle: bool = False):
         self.folder = Path(folder)
@@ -114,8 +180,9 @@ class Checkpoint:
         config_path = self.folder / "config.json"
         if not config_path.exists() and not config_path.is_symlink():
             raise ConversionError(f"SRC {str(self.folder)!r} has no config.json; a model folder needs one.")
-        config_path = source_file(self.folder, "config.json", "SRC's")
-        self.config: dict = read_json_object(config_path, "SRC's config.json", ConversionError)
+        with closing(source_file(self.folder, "config.json", "SRC's")) as config_file:
+            self.config: dict = read_json_object(config_file, "SRC's config.json", ConversionError)
+        self.files: dict[str, SourceFile] = {}
         self.pickled = False
         self._cached: tuple[str, dict] | None = None  # the last legacy (non-zip) pickle read whole
         files, weight_map = self._weight_files(allow_pickle)
@@ -140,8 +207,8 @@ class Checkpoint:
             ("pytorch_model.bin.index.json", "pytorch_model.bin", True),
         ):
             if (folder / index_name).exists() or (folder / index_name).is_symlink():
-                source_file(folder, index_name, "SRC's")
-                weight_map = _weight_map(folder / index_name)
+                with closing(source_file(folder, index_name, "SRC's")) as index:
+                    weight_map = _weight_map(index, index_name)
                 files = sorted(set(weight_map.values()))
             elif (folder / single_name).exists() or (folder / single_name).is_symlink():
                 files, weight_map = [single_name], None
@@ -151,7 +218,8 @@ class Checkpoint:
             if missing:
                 raise ConversionError(f"{index_name} in {str(folder)!r} names shard(s) that are missing: {missing}.")
             for file in files:
-                source_file(folder, file, f"the weight file (named by {index_name})" if weight_map else "SRC's")
+                self.files[file] = source_file(folder, file, f"the weight file (named by {index_name})" if weight_map
+                                               else "SRC's")
             if pickled and not allow_pickle:
                 raise ConversionError(
                     f"SRC {str(folder)!r} holds pickled PyTorch weights ({', '.join(files)}); unpickling a file can "
@@ -174,7 +242,7 @@ class Checkpoint:
             return {k: TensorInfo(file, tuple(v.shape), v.dtype) for k, v in state.items()}
         out = {}
         try:
-            with safe_open(self.folder / file, framework="pt") as f:
+            with safe_open(self.files[file].path, framework="pt") as f:
                 for name in f.keys():
                     view = f.get_slice(name)
                     dtype = view.get_dtype()
@@ -191,7 +259,7 @@ class Checkpoint:
         file cannot be mapped, so it is read whole, and kept until another file is read."""
         if self._cached and self._cached[0] == file:
             return self._cached[1]
-        path = self.folder / file
+        path = self.files[file].path
         legacy = not zipfile.is_zipfile(path)
         try:
             state = torch.load(path, map_location="cpu", weights_only=True, mmap=not legacy)
@@ -210,14 +278,14 @@ class Checkpoint:
         info = self.tensors[name]
         if self.pickled:
             return self._load_pickled(info.file)[name]
-        with safe_open(self.folder / info.file, framework="pt") as f:
+        with safe_open(self.files[info.file].path, framework="pt") as f:
             return f.get_tensor(name)
 
     @property
     def largest_file_bytes(self) -> int:
         if not self.tensors:
             raise ConversionError(f"SRC {str(self.folder)!r} holds no tensors.")
-        return max(os.path.getsize(self.folder / f) for f in {t.file for t in self.tensors.values()})
+        return max(self.files[f].size for f in {t.file for t in self.tensors.values()})
 
     @property
     def parameter_count(self) -> int:
@@ -284,25 +352,40 @@ def _compute(name: str, plan: TensorPlan) -> torch.Tensor:
     return tensor.contiguous()
 
 
-def files_to_carry(src: Path, carry_code: bool = False) -> tuple[dict[str, Path], list[str]]:
+def files_to_carry(src: Path, carry_code: bool = False) -> tuple[dict[str, SourceFile], list[str]]:
     """(name -> file) of what `carry_files` copies from SRC: its tokenizer files, generation_config.json and licence
     files and, with `carry_code`, its own `*.py` code; and the names of the code files left behind without it (this
     package's modeling files, which a gated_qwen folder ships, are not counted). Refuses (by name) a match that is not
     one of SRC's files (`source_file`)."""
     names = {path.name for pattern in CARRIED_FILE_PATTERNS for path in src.glob(pattern)}
-    code = {path.name for path in src.glob("*.py")} - PACKAGE_CODE
+    code = {path.name for path in src.glob("*.py")} - shipped_code()
     names = (names - {n for n in names if n.endswith(".py")}) | (code if carry_code else set())
     carried = {name: source_file(src, name, "SRC's file to carry") for name in sorted(names)}
     return carried, sorted(code - names)
 
 
-def carry_files(carried: dict[str, Path], folder: Path) -> list[str]:
-    """Copies the files of `files_to_carry` into `folder`, except those the conversion wrote itself."""
+@functools.cache
+def shipped_code() -> frozenset[str]:
+    """The code files a saved gated_qwen folder ships, which `save_pretrained` copies from this package (each
+    modeling module and the files it imports relatively): not someone else's code. The package's other modules
+    (`hub.py`, `cli.py`...) are not among them, so SRC's files of those names are SRC's own."""
+    from transformers.dynamic_module_utils import get_relative_import_files
+
+    from .. import modeling_gated, modeling_gated_moe
+
+    return frozenset(Path(file).name for module in (modeling_gated, modeling_gated_moe)
+                     for file in [module.__file__, *get_relative_import_files(module.__file__)])
+
+
+def carry_files(carried: dict[str, SourceFile], folder: Path) -> list[str]:
+    """Copies the files of `files_to_carry` into `folder` (each from the file opened when it was checked), except
+    those the conversion wrote itself."""
     copied = []
-    for name, path in carried.items():
+    for name, source in carried.items():
         if not (folder / name).exists():
-            shutil.copyfile(path, folder / name)
+            shutil.copyfile(source.path, folder / name)
             copied.append(name)
+        source.close()
     return copied
 
 
@@ -325,14 +408,14 @@ def unpickling_reason(error: BaseException) -> str:
     return " ".join(kept).rstrip(".") or type(error).__name__
 
 
-def _weight_map(index_path: Path) -> dict[str, str]:
+def _weight_map(index: SourceFile, name: str) -> dict[str, str]:
     """An index's tensor name -> weight file, each file a plain name inside the checkpoint folder."""
-    weight_map = read_json_object(index_path, index_path.name, ConversionError).get("weight_map")
+    weight_map = read_json_object(index, name, ConversionError).get("weight_map")
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-        raise ConversionError(f"{index_path.name} in SRC has no `weight_map` object of tensor name -> file name.")
+        raise ConversionError(f"{name} in SRC has no `weight_map` object of tensor name -> file name.")
     outside = sorted({f for f in weight_map.values() if Path(f).is_absolute() or ".." in Path(f).parts
                       or not f.strip()})
     if outside:
-        raise ConversionError(f"{index_path.name} in SRC names weight files outside the folder ({outside[:3]}); "
+        raise ConversionError(f"{name} in SRC names weight files outside the folder ({outside[:3]}); "
                               "an index may only name files inside it.")
     return weight_map
