@@ -247,3 +247,52 @@ def test_reproduce_flags_are_refused_before_any_worker_starts(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     one_line_refusal(capsys, ["reproduce", "--preset", "smoke", "--jobs", "2", "--out", "out", *args], message)
     assert multiprocessing.active_children() == [] and list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------------------ the exit status tells the truth
+def broken_stdout(kind: str):
+    """A stdout that takes nothing: a pipe whose reader has gone, or the full device `/dev/full`."""
+    if kind == "closed pipe":
+        reader, writer = os.pipe()
+        os.close(reader)
+        return os.fdopen(writer, "w")
+    return open("/dev/full", "w")  # noqa: SIM115 (closed by the test)
+
+
+@pytest.mark.parametrize("kind", ["closed pipe", "/dev/full"])
+def test_a_stdout_that_takes_nothing_does_not_fail_a_command_whose_outputs_were_written(model64, tmp_path,
+                                                                                        monkeypatch, capsys, kind):
+    """card, analyze and reproduce print a summary once their outputs are written: when stdout cannot take it,
+    the status is 0 (the outputs are there, whole) and stderr says in one line that printing failed."""
+    commands = {"card": (["card", str(model64)], model64 / "README.md"),
+                "analyze": (["analyze", str(model64), "--length", "8", "--out", str(tmp_path / "a")],
+                            tmp_path / "a" / "report.md"),
+                "reproduce": (["reproduce", "--preset", "smoke", "--steps", "2", "--jobs", "1", "--variants",
+                               "baseline", "--seeds", "3", "--no-mact-model", "--no-long-context-model", "--out",
+                               str(tmp_path / "r")], tmp_path / "r" / "report.md")}
+    for name, (args, written) in commands.items():
+        stdout = broken_stdout(kind)
+        monkeypatch.setattr(sys, "stdout", stdout)
+        capsys.readouterr()
+        try:
+            code = main(args)
+        finally:
+            monkeypatch.undo()
+            stdout.close()
+        lines = [line for line in capsys.readouterr().err.replace("\r", "\n").splitlines()
+                 if line.startswith("gated-qwen")]
+        reason = "Broken pipe" if kind == "closed pipe" else "No space left on device"
+        assert code == 0 and written.is_file(), (name, lines)
+        assert lines == [f"gated-qwen: could not write to stdout ({reason}); the command's outputs were written."], (
+            name, lines)
+
+
+def test_a_full_stdout_in_a_fresh_process_leaves_the_status_of_the_outputs(model64):
+    """The same with the process's own stdout on /dev/full, as `gated-qwen card MODEL > /dev/full` runs: the
+    interpreter's last flush at exit fails on nothing (its status would be 120)."""
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([sys.executable, "-m", "gated_qwen.cli", "card", str(model64)], stdout=full,
+                                stderr=subprocess.PIPE, text=True, timeout=300, check=False)
+    assert result.returncode == 0 and (model64 / "README.md").is_file(), result.stderr
+    assert result.stderr.splitlines() == ["gated-qwen: could not write to stdout (No space left on device); the "
+                                          "command's outputs were written."]

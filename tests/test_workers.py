@@ -17,17 +17,18 @@ pytestmark = pytest.mark.slow  # three processes import the model stack, then tr
 
 
 class Run:
-    """`gated-qwen reproduce --preset smoke --jobs 2` in a session of its own, its stderr collected as it comes; runs
-    of 400 steps, so that a worker left alone would go on training for many seconds."""
+    """`gated-qwen reproduce --preset smoke --jobs 2` (or `jobs`) in a session of its own, its stderr collected as it
+    comes; runs of 400 steps, so that a worker left alone would go on training for many seconds."""
 
-    def __init__(self, tmp_path: Path):
+    def __init__(self, tmp_path: Path, jobs: int = 2, out: str = "out", steps: int = 400, main_models_only=False):
         self.scratch = tmp_path / "scratch"  # the workers' temporary folders (the Trainer's) go here
-        self.scratch.mkdir()
-        self.out = tmp_path / "out"
+        self.scratch.mkdir(exist_ok=True)
+        self.out = tmp_path / out
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "gated_qwen.cli", "reproduce", "--preset", "smoke", "--steps", "400", "--jobs", "2",
-             "--out", str(self.out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-            env={**os.environ, "TMPDIR": str(self.scratch)})
+            [sys.executable, "-m", "gated_qwen.cli", "reproduce", "--preset", "smoke", "--steps", str(steps), "--jobs",
+             str(jobs), "--out", str(self.out), *(["--no-mact-model", "--no-long-context-model"] if main_models_only
+                                                  else [])], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            start_new_session=True, env={**os.environ, "TMPDIR": str(self.scratch)})
         self.err = b""
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -47,15 +48,16 @@ class Run:
             children += [int(c) for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
         return [c for c in children if b"multiprocessing.spawn" in Path(f"/proc/{c}/cmdline").read_bytes()]
 
-    def wait_for_training(self) -> list[int]:
-        """Waits until both workers train (each has made its Trainer scratch folder), returns their ids."""
+    def wait_for_training(self, scratch_folders: int = 2) -> list[int]:
+        """Waits until both workers train (each has made its Trainer scratch folder: `scratch_folders` of them in
+        TMPDIR), returns their ids."""
         deadline = time.monotonic() + 400
-        while len(self.trainer_scratch()) < 2:
+        while len(self.trainer_scratch()) < scratch_folders:
             assert self.process.poll() is None, self.err.decode()[-2000:]
             assert time.monotonic() < deadline, self.err.decode()[-2000:]
             time.sleep(0.2)
         workers = self.workers()
-        assert len(workers) == 2
+        assert len(workers) == (2 if scratch_folders == 2 else 0)
         return workers
 
     def finish(self) -> str:
@@ -85,11 +87,8 @@ def wait_until_gone(pids: list[int], seconds: float = 10) -> list[int]:
     return alive(pids)
 
 
-@pytest.fixture
-def run(tmp_path):
-    """A `Run`, and whatever is left of it killed at the end (a failed test leaves no training processes behind)."""
-    run = Run(tmp_path)
-    yield run
+def end(run: Run) -> None:
+    """Kills whatever is left of `run` (a failed test leaves no training processes behind)."""
     workers = run.workers() if run.process.poll() is None else []
     with contextlib.suppress(ProcessLookupError):
         os.killpg(run.process.pid, signal.SIGKILL)
@@ -97,6 +96,14 @@ def run(tmp_path):
         with contextlib.suppress(ProcessLookupError):
             os.kill(worker, signal.SIGKILL)
     run.process.wait(timeout=60)
+
+
+@pytest.fixture
+def run(tmp_path):
+    """A `Run`, ended at the end."""
+    run = Run(tmp_path)
+    yield run
+    end(run)
 
 
 def test_ctrl_c_prints_one_line_and_stops_the_workers(run, tmp_path):
@@ -129,6 +136,50 @@ def test_killing_the_parent_ends_the_workers_and_nothing_comes_back_after_clean(
     assert not staging.exists()
     time.sleep(2)  # a worker that lived on would save its model into the staging folder again
     assert sorted(p.name for p in tmp_path.iterdir()) == ["scratch"] and run.trainer_scratch() == []
+
+
+def test_a_worker_killed_as_by_the_oom_killer_ends_the_run_in_one_line(run, tmp_path):
+    """SIGKILL to one worker mid-training (what the out-of-memory killer sends): the command ends at once with one
+    line naming what happened and a non-zero status, the other worker stopped, nothing written, its staging folder
+    and every Trainer scratch folder removed (the killed worker's too)."""
+    workers = run.wait_for_training()
+    os.kill(workers[0], signal.SIGKILL)
+    err = run.finish()  # a pool that replaced the worker and waited for its result forever would time out here
+    lines = [line for line in err.replace("\r", "\n").splitlines() if line.strip()]
+    assert run.process.returncode == 2, err[-2000:]
+    assert "Traceback" not in err and [line for line in lines if not line.startswith("reproduce:")] == [lines[-1]]
+    assert lines[-1].startswith("gated-qwen: error: a worker process was killed by SIGKILL while training"), err
+    assert "likely out of memory" in lines[-1] and "nothing was written" in lines[-1]
+    assert wait_until_gone(workers) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["scratch"] and run.trainer_scratch() == []
+
+
+def test_the_scratch_of_a_killed_run_is_removed_and_a_live_runs_is_not(tmp_path):
+    """`--jobs 1`, the command SIGKILLed mid-training: its Trainer scratch folder (owned like a staging folder, its
+    lock released with the process) is removed by the next run, and `--clean` leaves a live run's alone."""
+    killed = Run(tmp_path, jobs=1, out="first", main_models_only=True)
+    try:
+        killed.wait_for_training(scratch_folders=1)
+        (left,) = killed.trainer_scratch()
+        os.kill(killed.process.pid, signal.SIGKILL)
+        killed.process.wait(timeout=60)
+        assert killed.trainer_scratch() == [left]  # what a killed process leaves
+    finally:
+        end(killed)
+    live = Run(tmp_path, jobs=1, out="second", steps=20_000, main_models_only=True)  # a first run of minutes
+    try:
+        deadline = time.monotonic() + 400
+        while left in live.trainer_scratch() or not live.trainer_scratch():  # the next run removes it, then trains
+            assert live.process.poll() is None and time.monotonic() < deadline, live.err.decode()[-2000:]
+            time.sleep(0.2)
+        (mine,) = live.trainer_scratch()
+        clean = subprocess.run([sys.executable, "-m", "gated_qwen.cli", "convert", "--clean", str(tmp_path / "first")],
+                               capture_output=True, text=True, timeout=300, check=False,
+                               env={**os.environ, "TMPDIR": str(live.scratch)})
+        assert clean.returncode == 0 and f"left {live.scratch / mine} alone" in clean.stdout, clean.stderr
+        assert live.trainer_scratch() == [mine] and live.process.poll() is None
+    finally:
+        end(live)
 
 
 def waits_on_a_lock(lock) -> None:  # a spawned worker whose main thread then waits in C, as on the pool's task queue

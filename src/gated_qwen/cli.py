@@ -49,9 +49,58 @@ def _one_line(error: BaseException) -> str:
     return " ".join(str(error).split()) or type(error).__name__
 
 
+class _Stdout:
+    """The command's stdout, whose failure (a closed pipe, a full device) is remembered, not raised: what a command
+    prints is a summary of outputs it has written already, so the exit status stays the outputs' (see `main`)."""
+
+    def __init__(self, stream):
+        self.stream, self.failed = stream, None
+
+    def write(self, text: str) -> int:
+        self._try(self.stream.write, text)
+        return len(text)
+
+    def flush(self) -> None:
+        self._try(self.stream.flush)
+
+    def _try(self, method, *args) -> None:
+        if self.failed is not None:
+            return
+        try:
+            method(*args)
+        except OSError as error:
+            self.failed = error
+            try:  # what is still buffered goes nowhere, so that the interpreter's flush at exit fails on nothing
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, self.stream.fileno())
+                os.close(devnull)
+            except (OSError, ValueError, AttributeError):
+                pass
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Runs a command; its exit status tells the truth about its outputs: 0 when they were written, even when
+    printing its summary then failed (stdout a closed pipe or a full device: said on stderr in one line)."""
     args = build_parser().parse_args(argv)
     quiet_import_noise()
+    if sys.stdout is None:  # no stdout at all (`>&-`): print writes nothing, and nothing fails
+        return _run(args)
+    stdout = sys.stdout = _Stdout(sys.stdout)
+    try:
+        status = _run(args)
+    finally:
+        stdout.flush()
+        sys.stdout = stdout.stream
+    if stdout.failed is not None and status == 0:
+        print(f"gated-qwen: could not write to stdout ({_one_line(stdout.failed)}); the command's outputs were "
+              "written.", file=sys.stderr)
+    return status
+
+
+def _run(args) -> int:
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

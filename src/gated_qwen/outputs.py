@@ -329,6 +329,20 @@ def check_output(
 
 
 # ---------------------------------------------------------------------------------------------- staging folders
+def _claim(folder: Path, record: dict) -> int:
+    """Writes this project's owner record (`record` with `by`, process and host) into `folder` and returns the
+    descriptor that holds its lock (`flock`, held until it is closed or the process ends)."""
+    lock = os.open(folder / OWNER_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with os.fdopen(os.dup(lock), "w") as owner:  # closing the copy keeps the lock
+            owner.write(json.dumps({"by": OWNER, **record, "pid": os.getpid(), "host": socket.gethostname()}) + "\n")
+    except BaseException:
+        os.close(lock)
+        raise
+    return lock
+
+
 class _Staging:
     """A staging folder beside an output: `folder` holds the owner record (locked while this process runs) and
     `item`, named as the output: the output being built (`writing`) or the old output set aside (`replaced`)."""
@@ -344,12 +358,7 @@ class _Staging:
         self.item = self.folder / target.name
         self._lock = None
         try:
-            self._lock = os.open(self.folder / OWNER_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            record = {"by": OWNER, "kind": kind, "name": target.name, "pid": os.getpid(),
-                      "host": socket.gethostname()}
-            with os.fdopen(os.dup(self._lock), "w") as owner:  # closing the copy keeps the lock
-                owner.write(json.dumps(record) + "\n")
+            self._lock = _claim(self.folder, {"kind": kind, "name": target.name})
         except BaseException:
             self.remove()
             raise
@@ -361,9 +370,10 @@ class _Staging:
             self._lock = None
 
 
-def _stale_record(folder: Path) -> tuple[dict | None, str]:
-    """(the owner record, "stale") for a staging folder of this project whose run has ended; (record, "live") while
-    its run holds the lock; (None, why) for a folder that is not one of this project's staging folders."""
+def _stale_record(folder: Path, kinds: tuple[str, ...] = ("writing", "replaced")) -> tuple[dict | None, str]:
+    """(the owner record, "stale") for a staging folder of this project (or another folder it owns, of `kinds`)
+    whose run has ended; (record, "live") while its run holds the lock; (None, why) for a folder that is not one of
+    this project's folders of those kinds."""
     try:
         fd = os.open(folder / OWNER_FILE, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError:
@@ -383,9 +393,10 @@ def _stale_record(folder: Path) -> tuple[dict | None, str]:
                 record = None
     finally:
         os.close(fd)
-    if not (isinstance(record, dict) and record.get("by") == OWNER and record.get("kind") in ("writing", "replaced")
-            and isinstance(record.get("name"), str) and record["name"] not in ("", ".", "..")
-            and "/" not in record["name"] and "\0" not in record["name"]):
+    named = isinstance(record, dict) and isinstance(record.get("name"), str) and record["name"] not in (
+        "", ".", "..") and "/" not in record["name"] and "\0" not in record["name"]
+    if not (isinstance(record, dict) and record.get("by") == OWNER and record.get("kind") in kinds
+            and (named or record["kind"] == "scratch")):
         return None, "it has no gated-qwen owner record"
     if live:
         return record, "live"
@@ -433,6 +444,51 @@ def clean_stale(path: str | os.PathLike, inside: bool = False) -> list[str]:
                 held = "nothing more"
             shutil.rmtree(entry, ignore_errors=True)
             actions.append(f"removed the stale staging folder {entry} ({run} has ended; it held {held})")
+    return actions
+
+
+# ---------------------------------------------------------------------------------------------- scratch folders
+SCRATCH_PREFIX = "gated-qwen-"  # TMPDIR/gated-qwen-PURPOSE-XXXXXXXX
+
+
+@contextmanager
+def scratch_folder(purpose: str) -> Iterator[Path]:
+    """A temporary folder for this process (`TMPDIR/gated-qwen-PURPOSE-XXXXXXXX`, e.g. the Trainer's output_dir),
+    owned as a staging folder is: this project's owner record (`"kind": "scratch"`), locked for as long as the
+    process lives. Removed when the block ends; one that a killed run left (its lock released with its process) is
+    removed by the next run that makes one (said, as it is done) and by `clean_stale_scratch`, never a live run's."""
+    for line in clean_stale_scratch():
+        if line.startswith("removed"):
+            say(line)
+    folder = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{purpose}-"))
+    lock = None
+    try:
+        lock = _claim(folder, {"kind": "scratch"})
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        if lock is not None:
+            os.close(lock)
+
+
+def clean_stale_scratch(folder: str | os.PathLike | None = None) -> list[str]:
+    """Removes the scratch folders (`scratch_folder`) in `folder` (default: TMPDIR) whose run has ended; returns one
+    line per folder removed or left alone (a live run's, another machine's). Folders without this project's owner
+    record are not touched."""
+    actions = []
+    for entry in sorted(Path(folder or tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}*")):
+        if entry.is_symlink() or not entry.is_dir():
+            continue
+        record, state = _stale_record(entry, kinds=("scratch",))
+        if record is None:
+            continue
+        run = f"process {record.get('pid')} on {record.get('host')}"
+        if state == "stale":
+            shutil.rmtree(entry, ignore_errors=True)
+            actions.append(f"removed the scratch folder {entry} ({run} has ended)")
+        else:
+            actions.append(f"left {entry} alone: its run ({run}) " + (
+                "is still going" if state == "live" else "is on another machine"))
     return actions
 
 

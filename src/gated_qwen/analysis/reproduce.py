@@ -22,26 +22,23 @@ from __future__ import annotations
 import io
 import json
 import math
-import multiprocessing
 import os
 import platform
-import signal
-import tempfile
-import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
 
 from ..gating import gate_parameters_per_layer, gated_layers
+from ..outputs import scratch_folder
 from .data import CORPORA, HELDOUT_SEED, BigramBackcopy, KeyValueRecall, SyntheticLanguage
 from .measure import analyze, first_token_attention_per_query, mean_nll, perplexity_by_length
 from .plots import moving_average
 from .quantize import SCHEMES, perplexity_under_quantization
-from .workers import SCRATCH, worker_started
+from .workers import SCRATCH, run_in_workers
 
 VARIANTS: dict[str, dict] = {
     "baseline": {"gate_position": None},
@@ -236,7 +233,7 @@ def _train_and_measure_quietly(preset: Preset, variant: str, learning_rate: floa
     torch.manual_seed(seed)
     model = GatedQwenForCausalLM(model_config(preset, variant))
     model.set_attn_implementation("sdpa")
-    with tempfile.TemporaryDirectory(prefix="gated-qwen-trainer-") as scratch:
+    with scratch_folder("trainer") as scratch:
         SCRATCH.add(scratch)
         args = TrainingArguments(
             output_dir=scratch, max_steps=preset.steps, per_device_train_batch_size=preset.batch_size,
@@ -387,19 +384,10 @@ def run_all(preset: Preset, variants: list[str], models_dir: Path | None, jobs: 
                 bar.update(1)
         else:
             threads = max(1, (os.cpu_count() or 1) // jobs)
-            context = multiprocessing.get_context("spawn")  # fork after torch has started threads is unsafe
-            # The workers start with Ctrl-C ignored (inherited), so one pressed while they import is the parent's too.
-            main_thread = threading.current_thread() is threading.main_thread()
-            previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
-            try:
-                pool = context.Pool(jobs, initializer=worker_started, initargs=(os.getpid(),))
-            finally:
-                if main_thread:
-                    signal.signal(signal.SIGINT, previous)
-            with pool:  # on leaving, for any reason, the workers are terminated
-                numbered = [(index, {**run, "threads": threads}) for index, run in enumerate(runs)]
-                for index, *handed_back in pool.imap_unordered(_train_in_worker, numbered):
-                    finished(index, *_tensors_from_worker(*handed_back))
+            numbered = [(index, {**run, "threads": threads}) for index, run in enumerate(runs)]
+            with closing(run_in_workers(_train_in_worker, numbered, jobs)) as handed_back:
+                for index, *result in handed_back:
+                    finished(index, *_tensors_from_worker(*result))
                     bar.update(1)
     return [{**result, "part": part} for (part, *_), result in zip(planned, results)]
 

@@ -39,7 +39,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..outputs import OutputError, clean_stale, output_file, output_folder, say
+from ..outputs import OutputError, clean_stale, clean_stale_scratch, output_file, output_folder, say
 from ..reading import CONFIG_VALUE_ERRORS
 from .errors import CheckpointFormatError, ConversionError, VerificationError
 from .format import Format
@@ -287,8 +287,9 @@ def convert(
 
 def clean(path: str | os.PathLike) -> list[str]:
     """Removes the staging folders that killed runs left for the output `path` (beside it) and for the outputs
-    inside the folder `path`, when their process has ended; returns what was done, one line each."""
-    return clean_stale(path, inside=True)
+    inside the folder `path`, and the scratch folders they left in TMPDIR (the Trainer's of `reproduce`), when their
+    process has ended; returns what was done, one line each."""
+    return clean_stale(path, inside=True) + clean_stale_scratch()
 
 
 def __getattr__(name: str):

@@ -78,6 +78,7 @@ def register(subparsers) -> None:
                              "(refused without this flag)")
     parser.add_argument("--clean", metavar="PATH", default=None,
                         help="instead of converting: remove the staging folders (.NAME.writing-*, .NAME.replaced-*) "
-                             "that killed runs left beside PATH or inside the folder PATH, when their process has "
-                             "ended (an interrupted replacement is put back)")
+                             "that killed runs left beside PATH or inside the folder PATH, and their scratch folders "
+                             "in TMPDIR (gated-qwen-*), when their process has ended (an interrupted replacement is "
+                             "put back)")
     parser.set_defaults(func=run)
