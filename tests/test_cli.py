@@ -296,3 +296,124 @@ def test_a_full_stdout_in_a_fresh_process_leaves_the_status_of_the_outputs(model
     assert result.returncode == 0 and (model64 / "README.md").is_file(), result.stderr
     assert result.stderr.splitlines() == ["gated-qwen: could not write to stdout (No space left on device); the "
                                           "command's outputs were written."]
+
+
+# ------------------------------------------------------------------------- bad input files: one line, never unexpected
+WORDLEVEL = ('{"version": "1.0", "added_tokens": [], "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, '
+             '"post_processor": null, "decoder": null, "model": {"type": "WordLevel", "vocab": {"[UNK]": 0, "a": 1}, '
+             '"unk_token": "[UNK]"}}')
+
+
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def damaged_header(folder, how: str) -> None:
+    """model.safetensors whose header lies about its first tensor: its dtype (F32 said F16, so the bytes do not match
+    the shape) or its offsets (beyond the data)."""
+    import struct
+
+    data = (folder / "model.safetensors").read_bytes()
+    length = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + length])
+    first = sorted(name for name in header if name != "__metadata__")[0]
+    if how == "dtype":
+        header[first]["dtype"] = "F16"
+    else:
+        header[first]["data_offsets"][1] += 10**6
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + length:])
+
+
+def edit_config(folder, **changes) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    config.update(changes)
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+BAD_FILES = {  # case -> (how MODEL is damaged, the command's arguments after MODEL, what the line says)
+    "config.json nested 100,000 deep: convert": (
+        lambda m: (m / "config.json").write_text('{"a": ' + nested(100_000) + "}"), ["convert", "MODEL", "OUT",
+                                                                                      "--to", "release"],
+        "SRC's config.json ({m}/config.json) is not valid JSON (nested too deeply"),
+    "config.json nested 100,000 deep: analyze": (
+        lambda m: (m / "config.json").write_text('{"a": ' + nested(100_000) + "}"), ["analyze", "MODEL", "--out",
+                                                                                      "OUT"],
+        "config.json of MODEL '{m}' ({m}/config.json) is not valid JSON (nested too deeply"),
+    "config.json nested 100,000 deep: card": (
+        lambda m: (m / "config.json").write_text('{"a": ' + nested(100_000) + "}"), ["card", "MODEL"],
+        "MODEL_DIR's config.json ({m}/config.json) is not valid JSON (nested too deeply"),
+    "--eval-results nested 5,000 deep": (
+        lambda m: (m.parent / "results.json").write_text(nested(5_000)), ["card", "MODEL", "--eval-results",
+                                                                          "MODEL/../results.json"],
+        "--eval-results '{m}/../results.json' is not valid JSON (nested too deeply"),
+    "a truncated model.safetensors: analyze": (
+        lambda m: (m / "model.safetensors").write_bytes((m / "model.safetensors").read_bytes()[:2000]),
+        ["analyze", "MODEL", "--length", "8", "--out", "OUT"],
+        "MODEL '{m}': model.safetensors is not a readable safetensors file (Error while deserializing header"),
+    "a truncated model.safetensors: eval-ppl": (
+        lambda m: (m / "model.safetensors").write_bytes((m / "model.safetensors").read_bytes()[:2000]),
+        ["eval-ppl", "MODEL", "--lengths", "8"], "MODEL '{m}': model.safetensors is not a readable safetensors file"),
+    "a header whose dtype lies": (lambda m: damaged_header(m, "dtype"), ["analyze", "MODEL", "--out", "OUT"],
+                                  "MODEL '{m}': model.safetensors is not a readable safetensors file"),
+    "a header whose offsets lie": (lambda m: damaged_header(m, "offsets"), ["eval-ppl", "MODEL", "--lengths", "8"],
+                                   "MODEL '{m}': model.safetensors is not a readable safetensors file"),
+    "tokenizer.json a list": (lambda m: (m / "tokenizer.json").write_text("[1, 2]"),
+                              ["eval-ppl", "MODEL", "--lengths", "8", "--text", "TEXT"],
+                              "--text needs a tokenizer in MODEL '{m}', and none loads ("),
+    "tokenizer.json a string": (lambda m: (m / "tokenizer.json").write_text('"x"'),
+                                ["analyze", "MODEL", "--length", "8", "--text", "TEXT", "--out", "OUT"],
+                                "--text needs a tokenizer in MODEL '{m}', and none loads ("),
+    "tokenizer.json the library rejects": (
+        lambda m: (m / "tokenizer.json").write_text(WORDLEVEL.replace('"unk_token": "[UNK]"', '"unk_token": 3')),
+        ["eval-ppl", "MODEL", "--lengths", "8", "--text", "TEXT"],
+        "--text needs a tokenizer in MODEL '{m}', and none loads ("),
+    "tokenizer_class a number": (
+        lambda m: ((m / "tokenizer.json").write_text(WORDLEVEL),
+                   (m / "tokenizer_config.json").write_text('{"tokenizer_class": 3}')),
+        ["eval-ppl", "MODEL", "--lengths", "8", "--text", "TEXT"],
+        "--text needs a tokenizer in MODEL '{m}', and none loads ("),
+    "tokenizer_class unknown": (
+        lambda m: (m / "tokenizer_config.json").write_text('{"tokenizer_class": "NoSuchTokenizer"}'),
+        ["eval-ppl", "MODEL", "--lengths", "8", "--text", "TEXT"],
+        "--text needs a tokenizer in MODEL '{m}', and none loads ("),
+    **{f"--device {device!r}: {command}": (
+        lambda m: None, [command, "MODEL", *(["--lengths", "8"] if command == "eval-ppl" else ["--out", "OUT"]),
+                         "--device", device], message)
+       for device, message in (("bogus", "--device 'bogus' is not a device"),
+                               ("cuda", "--device 'cuda': no CUDA device is available here"),
+                               ("meta", "--device 'meta' holds no data"), ("", "--device '' is not a device"))
+       for command in ("analyze", "eval-ppl")},
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_FILES))
+def test_every_bad_input_file_is_one_line_naming_it(model64, tmp_path, capsys, case):
+    import torch
+
+    damage, args, message = BAD_FILES[case]
+    if "cuda" in case and torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    damage(model64)
+    (tmp_path / "text.txt").write_text("a a a a " * 50)
+    args = [str(model64) if a == "MODEL" else str(tmp_path / "out") if a == "OUT" else
+            str(tmp_path / "text.txt") if a == "TEXT" else a.replace("MODEL", str(model64)) for a in args]
+    one_line_refusal(capsys, args, message.format(m=model64))
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_config_whose_model_does_not_fit_is_refused_before_it_is_built(model64, tmp_path):
+    """vocab_size 2e8 over tiny weights (25.6 GB of float32 embeddings), under a 4 GiB address-space cap: the config's
+    own sizes are checked like the size flags, before the model is built."""
+    edit_config(model64, vocab_size=200_000_000)
+    capped = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, 4 * 2**30)); "
+              "from gated_qwen.cli import main; sys.exit(main(sys.argv[1:]))")
+    result = subprocess.run([sys.executable, "-c", capped, "analyze", str(model64), "--length", "8", "--out",
+                             str(tmp_path / "a")], capture_output=True, text=True, timeout=300, check=False)
+    lines = [line for line in result.stderr.replace("\r", "\n").splitlines() if line and "%|" not in line]
+    assert result.returncode == 2 and len(lines) == 1, result.stderr[-3000:]
+    assert lines[0].startswith(f"gated-qwen: error: the config.json of MODEL {str(model64)!r} describes a model whose "
+                               "weights need about "), lines[0]
+    assert "model.embed_tokens.weight [200000000, 32]" in lines[0] and "the RLIMIT_AS of this process" in lines[0]
+    assert not (tmp_path / "a").exists()

@@ -9,6 +9,7 @@ machine. `EXPLORE=N` draws N fresh random examples per test instead, to look for
 Each class found is fixed where it is read and pinned here with an `@example`."""
 
 import contextlib
+import functools
 import io
 import json
 import os
@@ -72,14 +73,16 @@ def tree(root: Path) -> dict[str, bytes | str]:
 
 
 def check(folders: Path | None, model: str | None, config_edit: tuple[str, object] | None, argv: list[str],
-          output: str) -> int | str:
+          output: str, files: dict[str, bytes] | None = None) -> int | str:
     """Runs `gated-qwen ARGV` (MODEL and OUT in ARGV replaced by a fresh copy of the model folder with
-    `config_edit` applied, and an output path beside it), asserts the properties of the module docstring and returns
-    the exit status (or "accepted")."""
+    `config_edit` applied and `files` (name -> content) written into it, and an output path beside it), asserts the
+    properties of the module docstring and returns the exit status (or "accepted")."""
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
         if model is not None:
             shutil.copytree(folders / model, scratch / "model")
+            for name, content in (files or {}).items():
+                (scratch / "model" / name).write_bytes(content)
         if config_edit is not None:
             config = json.loads((scratch / "model" / "config.json").read_text())
             key, value = config_edit
@@ -89,7 +92,10 @@ def check(folders: Path | None, model: str | None, config_edit: tuple[str, objec
                 config[key] = value
             (scratch / "model" / "config.json").write_text(json.dumps(config))
         before = tree(scratch)
-        argv = [str(scratch / "model") if a == "MODEL" else str(scratch / output) if a == "OUT" else a for a in argv]
+        (scratch / "text.txt").write_text("a b a b " * 40)
+        argv = [str(scratch / "model") if a == "MODEL" else str(scratch / output) if a == "OUT" else
+                str(scratch / "text.txt") if a == "TEXT" else a for a in argv]
+        before = tree(scratch)
         err = io.StringIO()
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
             try:
@@ -101,7 +107,7 @@ def check(folders: Path | None, model: str | None, config_edit: tuple[str, objec
         err = err.getvalue()
         event(f"status {code}")  # what the examples reached: pytest --hypothesis-show-statistics
         assert code in (0, 1, 2, "accepted"), (argv, code, err[-2000:])
-        assert "Traceback" not in err and "unexpected" not in err, (argv, err[-2000:])
+        assert "Traceback" not in err and "error: unexpected" not in err, (argv, err[-2000:])
         if code == 0:
             assert (scratch / output).exists(), argv
             return code
@@ -247,3 +253,105 @@ def test_reproduce_with_any_flags(drawn):
         early = check(None, None, None, argv, "out")
     if TRAIN and early == "accepted":
         assert check(None, None, None, argv, "out") == 0, argv
+
+
+# ------------------------------------------------------------------------------------------- malformed input files
+def nested_json(depth: int) -> bytes:
+    return ("{\"a\": " + "[" * depth + "]" * depth + "}").encode()
+
+
+JSON_TEXT = (JSON_VALUES.map(lambda value: json.dumps(value).encode()) | st.integers(0, 20_000).map(nested_json)
+             | st.binary(max_size=40))
+WORDLEVEL = {"version": "1.0", "added_tokens": [], "normalizer": None, "pre_tokenizer": {"type": "Whitespace"},
+             "post_processor": None, "decoder": None,
+             "model": {"type": "WordLevel", "vocab": {"[UNK]": 0, "a": 1, "b": 2}, "unk_token": "[UNK]"}}
+
+
+def edited_json(base: dict, paths: list[tuple[str, ...]]):
+    """`base` with the value at one of `paths` (keys into nested objects) replaced by any JSON value, or removed."""
+    def edit(choice):
+        path, value = choice
+        data = json.loads(json.dumps(base))
+        inner = data
+        for key in path[:-1]:
+            inner = inner[key]
+        if value is DELETE:
+            inner.pop(path[-1], None)
+        else:
+            inner[path[-1]] = value
+        return json.dumps(data).encode()
+    return st.tuples(st.sampled_from(paths), st.just(DELETE) | JSON_VALUES).map(edit)
+
+
+TOKENIZERS = st.fixed_dictionaries({}, optional={
+    "tokenizer.json": JSON_TEXT | edited_json(WORDLEVEL, [("model",), ("model", "type"), ("model", "vocab"),
+                                                          ("model", "unk_token"), ("pre_tokenizer",), ("version",)]),
+    "tokenizer_config.json": st.one_of(JSON_TEXT, edited_json({"tokenizer_class": "PreTrainedTokenizerFast"},
+                                                              [("tokenizer_class",)])),
+})
+
+
+@functools.cache
+def weights(folders: Path) -> bytes:
+    return (folders / "gated" / "model.safetensors").read_bytes()
+
+
+def damaged_safetensors(folders: Path, how: tuple) -> bytes:
+    """The gated model's model.safetensors damaged `how`: ("cut", fraction) truncated, ("header", key, field, value)
+    its header's entry for one tensor (dtype, shape or offsets) replaced, ("bytes", position, byte) one byte set."""
+    import struct
+
+    data = weights(folders)
+    if how[0] == "cut":
+        return data[: int(len(data) * how[1])]
+    if how[0] == "bytes":
+        position = how[1] % len(data)
+        return data[:position] + bytes([how[2]]) + data[position + 1:]
+    length = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + length])
+    names = sorted(name for name in header if name != "__metadata__")
+    header[names[how[1] % len(names)]][how[2]] = how[3]
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw + data[8 + length:]
+
+
+DAMAGE = st.one_of(
+    st.tuples(st.just("cut"), st.floats(0, 0.999)),
+    st.tuples(st.just("bytes"), st.integers(0, 2**20), st.integers(0, 255)),
+    st.tuples(st.just("header"), st.integers(0, 30), st.sampled_from(["dtype", "shape", "data_offsets"]),
+              st.sampled_from(["F16", "BF16", "I8", "F8_E4M3", "X9"]) | JSON_VALUES
+              | st.lists(st.integers(-2, 10**7), max_size=3)))
+READERS = {"analyze": ["analyze", "MODEL", "--length", "8", "--out", "OUT"], "eval-ppl": ["eval-ppl", "MODEL",
+           "--lengths", "8", "--sequences", "1", "--out", "OUT"], "card": ["card", "MODEL"],
+           "convert": ["convert", "MODEL", "OUT", "--to", "release", "--no-verify"]}
+OUTPUT = {"analyze": "analysis", "eval-ppl": "rows.json", "card": "model/README.md", "convert": "out"}
+
+
+@SETTINGS
+@given(text=JSON_TEXT, command=st.sampled_from(sorted(READERS)))
+@example(text=nested_json(100_000), command="analyze")  # found: RecursionError in json
+@example(text=nested_json(100_000), command="card")
+@example(text=nested_json(100_000), command="convert")
+def test_any_config_json_text(folders, text, command):
+    check(folders, "gated", None, READERS[command], OUTPUT[command], {"config.json": text})
+
+
+@SETTINGS
+@given(files=TOKENIZERS, command=st.sampled_from(["analyze", "eval-ppl"]))
+@example(files={"tokenizer.json": b"[1, 2]"}, command="eval-ppl")  # found: TypeError in Transformers
+@example(files={"tokenizer.json": json.dumps({**WORDLEVEL, "model": {**WORDLEVEL["model"], "unk_token": 3}}).encode(),
+                "tokenizer_config.json": b'{"tokenizer_class": 3}'}, command="eval-ppl")  # found: tokenizers' Exception
+def test_any_tokenizer_files(folders, files, command):
+    argv = [*READERS[command][:2], "--text", "TEXT", *READERS[command][2:]]
+    check(folders, "gated", None, argv, OUTPUT[command], {"tokenizer.json": json.dumps(WORDLEVEL).encode(), **files})
+
+
+@SETTINGS
+@given(how=DAMAGE, command=st.sampled_from(sorted(READERS)))
+@example(how=("cut", 0.5), command="eval-ppl")  # found: SafetensorError from Transformers
+@example(how=("header", 0, "dtype", "F16"), command="analyze")  # found: the same, a header that lies
+@example(how=("header", 0, "data_offsets", [0, 10**7]), command="eval-ppl")
+def test_any_damaged_safetensors(folders, how, command):
+    check(folders, "gated", None, READERS[command], OUTPUT[command],
+          {"model.safetensors": damaged_safetensors(folders, how)})

@@ -212,6 +212,25 @@ def test_release_with_qkv_bias_verifies_and_carries_files(tmp_path):
     assert json.loads((tmp_path / "gated" / "generation_config.json").read_text()) == {"do_sample": False}
 
 
+# The official configuration's default (qiuzh20/gated_attention, configuration_qwen3.py at 49645df, line 167:
+# `rope_theta=10000.0`), which a release config.json without the field means: not Qwen3's 1,000,000.
+OFFICIAL_ROPE_THETA = 10000.0
+
+
+def test_a_release_config_without_rope_theta_means_the_official_default(tmp_path):
+    """A config.json that leaves rope_theta out is read, by convert and by from_pretrained, with the official code's
+    default, checked against the independent forward (which rotates with that theta) and on the config."""
+    logical = write_release(tmp_path / "release", "headwise", 2)
+    edited = json.loads((tmp_path / "release" / "config.json").read_text())
+    del edited["rope_theta"]
+    (tmp_path / "release" / "config.json").write_text(json.dumps(edited))
+    convert(tmp_path / "release", tmp_path / "gated", from_format="release", verify=False)
+    expected = release_forward(logical, 2, "headwise", False, IDS)
+    for model in (load(GatedQwenForCausalLM, tmp_path / "gated"), load(GatedQwenForCausalLM, tmp_path / "release")):
+        assert model.config.rope_parameters["rope_theta"] == OFFICIAL_ROPE_THETA
+        torch.testing.assert_close(logits(model), expected, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("variant,kv_heads,qkv_bias", [("headwise", 2, False), ("elementwise", 1, True),
                                                        ("baseline", 4, True)])
 def test_release_round_trip_is_byte_identical(tmp_path, variant, kv_heads, qkv_bias):
@@ -947,3 +966,34 @@ def test_srcs_code_named_like_a_module_of_this_package_is_srcs_own(qwen3_sources
     assert main(["convert", str(src), str(tmp_path / "code"), "--from", "qwen3", "--no-verify", "--carry-code"]) == 0
     assert "carried SRC's code files ['hub.py'] (--carry-code)" in capsys.readouterr().err
     assert (tmp_path / "code" / "hub.py").read_text() == "# someone else's code\n"
+
+
+# ------------------------------------------------------------------------------- a missing tensor that holds the gate
+def without(folder: Path, name: str) -> None:
+    from safetensors.torch import load_file
+
+    weights = load_file(folder / "model.safetensors")
+    del weights[name]
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+def test_a_missing_q_proj_that_holds_the_gate_is_named_as_such(tmp_path, capsys):
+    """In the release's and Qwen3.5's layouts a layer's gate rows live in its q_proj: without it, convert and
+    from_pretrained say that the gate cannot be read (as a missing g_proj of a gated_qwen folder does), not only
+    that a tensor is missing; the release's baseline, whose q_proj holds no gate, says it is missing."""
+    name = "model.layers.1.self_attn.q_proj.weight"
+    gate = f"{name} (which holds layer 1's gate as well as its queries: without it the gate cannot be read)"
+    write_release(tmp_path / "release", "elementwise", 2)
+    without(tmp_path / "release", name)
+    config = Qwen3_5TextConfig(**sizes(TINY, layer_types=["full_attention"] * 2), partial_rotary_factor=1.0)
+    Qwen3_5ForCausalLM(config).save_pretrained(tmp_path / "qwen3_5")
+    without(tmp_path / "qwen3_5", name)
+    write_release(tmp_path / "baseline", "baseline", 2)
+    without(tmp_path / "baseline", name)
+    for folder, fmt, said in (("release", "release", gate), ("qwen3_5", "qwen3_5", gate),
+                              ("baseline", "release", f"1 missing ({name})")):
+        cli_refuses(capsys, ["convert", str(tmp_path / folder), str(tmp_path / "dst"), "--from", fmt, "--no-verify"],
+                    said, tmp_path / "dst")
+        with pytest.raises(ValueError) as refusal:
+            GatedQwenForCausalLM.from_pretrained(tmp_path / folder)
+        assert said in str(refusal.value)

@@ -129,10 +129,13 @@ def read_eval_results(path: str | os.PathLike) -> list[EvalResult]:
     path = Path(path)
     if not path.is_file():
         raise CardError(f"--eval-results {str(path)!r} is not a file; give a JSON file with a list of results.")
+    from .reading import parse_json
+
     try:
-        entries = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        text = path.read_text()
+    except UnicodeDecodeError as error:
         raise CardError(f"--eval-results {str(path)!r} is not valid JSON ({' '.join(str(error).split())}).") from None
+    entries = parse_json(text, f"--eval-results {str(path)!r}", CardError)
     if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
         raise CardError(
             f"--eval-results {str(path)!r} must hold a non-empty JSON list of objects with the fields "

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..outputs import check_output, output_file, output_folder, write_json
-from ..reading import CONFIG_VALUE_ERRORS, config_from_dict
+from ..reading import CONFIG_VALUE_ERRORS, check_safetensors_files, config_from_dict, read_json_object
 
 if TYPE_CHECKING:
     import torch
@@ -45,8 +45,11 @@ class Inputs:
 
             try:
                 tokenizer = AutoTokenizer.from_pretrained(model_path)
-            except (OSError, ValueError) as error:
-                raise ValueError(f"--text needs a tokenizer in MODEL {model_path!r}, and none loads ({error}). Pass "
+            except Exception as error:  # noqa: BLE001 (its only input is MODEL's tokenizer files, of any shape: the
+                # tokenizers library raises a bare Exception for a model it rejects, Transformers whatever a value of
+                # the wrong type meets)
+                reason = " ".join(str(error).split())[:300] or type(error).__name__
+                raise ValueError(f"--text needs a tokenizer in MODEL {model_path!r}, and none loads ({reason}). Pass "
                                  "--tokens FILE (a safetensors file holding `input_ids` [N, S]) instead.") from None
             try:
                 content = Path(text).read_text()
@@ -115,7 +118,6 @@ def _load_model(path: str, dtype: str, device: str):
     Qwen3 / Qwen3-MoE, Qwen3.5 / Qwen3-Next; other model types are refused with the reason), with the causal LM of
     its kind: `GatedQwenForCausalLM`, or `GatedQwenMoeForCausalLM` for a mixture of experts."""
     import torch
-    from transformers import PreTrainedConfig
 
     from .. import GatedQwenForCausalLM, GatedQwenMoeForCausalLM
     from ..configuration_gated import GATED_MODEL_TYPES
@@ -124,7 +126,9 @@ def _load_model(path: str, dtype: str, device: str):
     if not (Path(path) / "config.json").is_file():
         raise ValueError(f"MODEL {path!r} is not a model folder (no config.json); pass a folder written by "
                          "save_pretrained.")
-    config_dict, _ = PreTrainedConfig.get_config_dict(path)
+    what = f"the config.json of MODEL {path!r}"
+    config_dict = read_json_object(Path(path) / "config.json", what)
+    check_safetensors_files(Path(path), f"MODEL {path!r}")
     try:
         if config_dict.get("model_type") not in GATED_MODEL_TYPES:  # another format: its GatedQwen config
             config_dict = gated_config_dict(config_dict, {})
@@ -132,7 +136,8 @@ def _load_model(path: str, dtype: str, device: str):
         causal_lm = GatedQwenMoeForCausalLM if moe else GatedQwenForCausalLM
     except CONFIG_VALUE_ERRORS as error:
         raise ValueError(f"MODEL {path!r}: config.json is not a valid config ({' '.join(str(error).split())}).") from None
-    config_from_dict(causal_lm.config_class, config_dict, f"the config.json of MODEL {path!r}")  # refused before loading
+    config = config_from_dict(causal_lm.config_class, config_dict, what)  # refused before loading
+    check_model_fits(causal_lm, config, getattr(torch, dtype), device, what)
     try:
         model = causal_lm.from_pretrained(path, dtype=getattr(torch, dtype), attn_implementation="sdpa",
                                           return_dict=True)  # outputs as measure reads them, whatever config.json says
@@ -147,9 +152,31 @@ def _load_model(path: str, dtype: str, device: str):
 
 
 def _device(name: str) -> str:
+    """`--device`: `auto` (CUDA when available, else the CPU) or a device this PyTorch has here, checked before any
+    work (a `ValueError` naming what would be right)."""
     import torch
 
-    return ("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"--device {name!r} is not a device; give cpu, cuda, cuda:N or auto (CUDA when "
+                         "available).") from None
+    if device.type == "meta":
+        raise ValueError(f"--device {name!r} holds no data (a meta tensor has a shape, not values), so nothing can be "
+                         "measured on it; give cpu, cuda or auto.")
+    if device.type == "cpu":
+        return name
+    backend = getattr(torch, device.type, None)
+    count = backend.device_count() if backend is not None and backend.is_available() else 0
+    if count == 0:
+        raise ValueError(f"--device {name!r}: no {device.type.upper()} device is available here (this PyTorch, "
+                         f"{torch.__version__}, sees none); give --device cpu or auto.")
+    if device.index is not None and device.index >= count:
+        raise ValueError(f"--device {name!r}: this machine has {count} {device.type.upper()} device(s), numbered from "
+                         f"0; give one of {', '.join(f'{device.type}:{i}' for i in range(count))}.")
+    return name
 
 
 # ------------------------------------------------------------------------------------------------ memory checks
@@ -174,7 +201,38 @@ def available_memory(device: str) -> tuple[int, str] | None:
             found.append((max(0, int(limit) - used), "this cgroup's memory.max"))
     except (OSError, ValueError):
         pass
+    try:  # an address-space cap (`ulimit -v`, resource.setrlimit): what this process has mapped counts against it
+        import resource
+
+        cap = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if cap != resource.RLIM_INFINITY:
+            status = Path("/proc/self/status").read_text()
+            mapped = int(next(line for line in status.splitlines() if line.startswith("VmSize:")).split()[1]) * 1024
+            found.append((max(0, cap - mapped), "the RLIMIT_AS of this process"))
+    except (ImportError, OSError, ValueError, StopIteration):
+        pass
     return min(found) if found else None
+
+
+def check_model_fits(causal_lm: type, config, dtype, device: str, what: str) -> None:
+    """Refuses a config whose model would not fit in `device`'s memory in `dtype` (its parameters counted on the meta
+    device, from the config's own sizes, before anything is allocated), naming its largest tensor: `vocab_size` 2e8
+    over tiny weights is 25 GB of embeddings that `from_pretrained` would allocate before it found the shapes
+    wrong. `what` names the config.json."""
+    import torch
+
+    with torch.device("meta"):
+        model = causal_lm(config)
+    parameters = dict(model.named_parameters())  # tied weights once
+    needed = sum(p.numel() for p in parameters.values()) * dtype.itemsize
+    available = available_memory(device)
+    if available is None or needed <= available[0]:
+        return
+    name, largest = max(parameters.items(), key=lambda item: item[1].numel())
+    raise ValueError(f"{what} describes a model whose weights need about {needed / 2**30:.1f} GiB in "
+                     f"{str(dtype).removeprefix('torch.')} (its largest tensor: {name} {list(largest.shape)}), more "
+                     f"than the {available[0] / 2**30:.1f} GiB available ({available[1]}); check the config's sizes "
+                     "against the weights, or load it in a smaller --dtype.")
 
 
 def forward_bytes(config, batch: int, length: int, dtype_bytes: int, *, logits: bool = False,

@@ -275,7 +275,7 @@ def convert(
         ckpt = Checkpoint(src, allow_pickle=allow_pickle)
         carried, code_left = files_to_carry(src, carry_code)  # refused now, not after the slow part
         config, plan = _plan(request, ckpt)
-        check_source(ckpt, request.source)
+        check_source(ckpt, request.source, None if request.export else config)
         verify = _verify_by_default(ckpt) if verify is None else verify
         _write(request, ckpt, config, plan, tmp, shard_size)
         copied = carry_files(carried, tmp)

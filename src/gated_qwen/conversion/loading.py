@@ -165,13 +165,13 @@ def check_folder(folder: Path, fmt: Format, config) -> None:
     disagree with its config.json: the format's own check, then the structural one (every tensor the model its
     config.json describes has, with its shape)."""
     from .io import Checkpoint
-    from .structure import compare, tensor_layout
+    from .structure import source_problem
 
     ckpt = Checkpoint(folder)
     shapes = {tensor: info.shape for tensor, info in ckpt.tensors.items()}
     if fmt.check is not None:
         fmt.check(ckpt.config, config, shapes)
-    problem = compare(shapes, tensor_layout(fmt, ckpt.config), unexpected_ok=True)
+    problem = source_problem(fmt, ckpt.config, shapes, config)
     if problem:
         raise CheckpointFormatError(f"the weights in {str(folder)!r} do not match its config.json: {problem}.")
 

@@ -4,8 +4,7 @@ and the note that goes with it. Standard library only."""
 
 from __future__ import annotations
 
-import json
-
+from ..reading import parse_json
 from .errors import CheckpointFormatError
 
 # The Qwen3 fields that every format here shares with GatedQwenConfig (same names, same meaning).
@@ -47,8 +46,8 @@ def parse_gate(variant: str | dict) -> dict:
         fields = dict(SHORTHANDS[variant])
     else:
         try:
-            fields = json.loads(variant)
-        except json.JSONDecodeError:
+            fields = parse_json(variant, "--add-gate", CheckpointFormatError)
+        except CheckpointFormatError:
             fields = None
         if not isinstance(fields, dict):
             raise CheckpointFormatError(

@@ -62,9 +62,11 @@ def _listing(names: list[str], limit: int = 4) -> str:
     return ", ".join(names[:limit]) + more
 
 
-def compare(found: dict[str, Shape], layout: list[list[dict[str, Shape]]], *, unexpected_ok: bool = False) -> str:
+def compare(found: dict[str, Shape], layout: list[list[dict[str, Shape]]], *, unexpected_ok: bool = False,
+            describe=str) -> str:
     """What is wrong with the tensors `found` (`{name: shape}`) against `layout` (`model_layout`; each part must
-    be present in one of its forms), as one sentence, or `""` when nothing is."""
+    be present in one of its forms), as one sentence, or `""` when nothing is; `describe(name)` says a missing
+    tensor."""
     missing, mismatched, used = [], [], set()
     for forms in layout:
         present = [form for form in forms if all(name in found for name in form)]
@@ -81,7 +83,7 @@ def compare(found: dict[str, Shape], layout: list[list[dict[str, Shape]]], *, un
     if mismatched:
         problems.append(f"{len(mismatched)} tensor(s) with the wrong shape ({_listing(mismatched, 2)})")
     if missing:
-        problems.append(f"{len(missing)} missing ({_listing(missing)})")
+        problems.append(f"{len(missing)} missing ({_listing([describe(name) for name in missing])})")
     if unexpected:
         problems.append(f"{len(unexpected)} that the model does not have ({_listing(unexpected)})")
     return "; ".join(problems)
@@ -97,11 +99,31 @@ def tensor_layout(fmt: Format, config_dict: dict) -> list[list[dict[str, Shape]]
     return model_layout(cls, config_from_dict(cls.config_class, config_dict, "SRC's config.json", ConversionError))
 
 
-def check_source(ckpt: Checkpoint, fmt: Format) -> None:
+def source_problem(fmt: Format, config_dict: dict, found: dict[str, Shape], config=None) -> str:
+    """What is wrong with a source's tensors `found` against the model of format `fmt` that its `config_dict`
+    describes (`compare`; tensors the model does not use are the planner's to refuse). A missing tensor from which
+    the format reads a gate of `config` (GatedQwen's config of the source: the release's and Qwen3.5's q_proj hold a
+    layer's gate rows with its queries) is said to hold it, as a missing gate tensor is."""
+    from ..gating import gated_layers
+
+    layers = set(gated_layers(config)) if config is not None else set()
+
+    def describe(name: str) -> str:
+        parts = name.split(".")
+        layer = int(parts[parts.index("layers") + 1]) if "layers" in parts[:-1] else None
+        holds_gate = any(name.endswith(rule.source) and any(".gate." in target for target in rule.targets)
+                         for rule in fmt.rules)
+        if holds_gate and layer in layers:
+            return f"{name} (which holds layer {layer}'s gate as well as its queries: without it the gate cannot be read)"
+        return name
+
+    return compare(found, tensor_layout(fmt, config_dict), unexpected_ok=True, describe=describe)
+
+
+def check_source(ckpt: Checkpoint, fmt: Format, config=None) -> None:
     """Refuses a source whose tensors do not match the model of format `fmt` its config.json describes (missing or
-    misshapen; tensors the conversion does not use are refused by the planner)."""
-    found = {name: info.shape for name, info in ckpt.tensors.items()}
-    problem = compare(found, tensor_layout(fmt, ckpt.config), unexpected_ok=True)
+    misshapen, `source_problem`; `config`: GatedQwen's config of the source)."""
+    problem = source_problem(fmt, ckpt.config, {name: info.shape for name, info in ckpt.tensors.items()}, config)
     if problem:
         raise ConversionError(f"SRC's weights do not match its config.json: {problem}. Nothing was written.")
 
