@@ -135,6 +135,28 @@ def test_vocabulary_is_the_tokenizers(tmp_path):
     assert fields["tokenizer.ggml.eos_token_id"] == vocab["<|endoftext|>"]
 
 
+def test_a_tokenizer_swapped_for_a_link_after_its_check_is_not_read(tmp_path, monkeypatch):
+    """SRC's tokenizer.json swapped, once checked and before the gguf package reads the vocabulary, for a link to
+    another tokenizer outside SRC: the GGUF holds the vocabulary that was checked (read through the file opened when
+    it was checked), never the outside one."""
+    src = saved(tmp_path / "gated", DENSE)
+    tokenizer = tiny_tokenizer(src, vocab_size=DENSE["vocab_size"])
+    tiny_tokenizer(tmp_path / "outside", texts=["an outside tokenizer, trained on other text entirely"],
+                   vocab_size=DENSE["vocab_size"])
+    bpe_vocab = gguf.BpeVocab
+
+    def swap_then_read(folder):
+        (src / "tokenizer.json").unlink()
+        (src / "tokenizer.json").symlink_to(tmp_path / "outside" / "tokenizer.json")
+        return bpe_vocab(folder)
+
+    monkeypatch.setattr(gguf, "BpeVocab", swap_then_read)
+    convert(src, tmp_path / "model.gguf", to_format="gguf", verify=False)
+    assert (src / "tokenizer.json").is_symlink()  # the swap happened during the run
+    vocab = tokenizer.get_vocab()
+    tokens = fields_of(tmp_path / "model.gguf")["tokenizer.ggml.tokens"]
+    assert tokens[: len(vocab)] == sorted(vocab, key=vocab.get)
+
 # ---------------------------------------------------------------------------------------------- layer types
 @pytest.mark.parametrize("to", ["qwen3_5", "qwen3_next", "release"])
 def test_every_export_declares_its_layers_one_way(tmp_path, to):

@@ -289,18 +289,43 @@ def write_vocabulary(writer, src: Path, vocab_size: int) -> bool:
     """SRC's byte-level BPE tokenizer as llama.cpp's `gpt2` vocabulary (tokens padded to `vocab_size` with unused
     ones, merges, special token ids, chat template; the gguf package's `BpeVocab` and `SpecialVocab`), or `no_vocab`
     without a tokenizer.json; returns whether a vocabulary was written."""
-    from ..reading import read_json_object
-    from .io import source_file
+    from ..outputs import scratch_folder
 
-    gguf = _gguf()
     if not (src / "tokenizer.json").exists():
         writer.add_tokenizer_model("no_vocab")
         writer.add_vocab_size(vocab_size)
         return False
-    for name in ("tokenizer.json", "tokenizer_config.json", "config.json", "merges.txt", "vocab.json",
-                 "added_tokens.json", "chat_template.json", "chat_template.jinja"):
+    with scratch_folder("vocabulary") as private:  # owned: a killed run's is removed by the next one or --clean
+        _copy_tokenizer_files(src, private)
+        _add_vocabulary(writer, private, vocab_size)
+    return True
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "config.json", "merges.txt", "vocab.json",
+                   "added_tokens.json", "chat_template.json", "chat_template.jinja")
+
+
+def _copy_tokenizer_files(src: Path, private: Path) -> None:
+    """Copies SRC's tokenizer files into `private`, each through the file opened when it was checked as SRC's own,
+    so that what the gguf package reads by name is what was checked, whatever SRC's names point to meanwhile."""
+    import shutil
+
+    from .io import source_file
+
+    for name in TOKENIZER_FILES:
         if (src / name).exists() or (src / name).is_symlink():
-            source_file(src, name, "SRC's tokenizer file")  # only SRC's own files are read
+            opened = source_file(src, name, "SRC's tokenizer file")  # only SRC's own files are read
+            try:
+                shutil.copyfile(opened.path, private / name)
+            finally:
+                opened.close()
+
+
+def _add_vocabulary(writer, src: Path, vocab_size: int) -> None:
+    """`write_vocabulary` from the checked copies in `src`."""
+    from ..reading import read_json_object
+
+    gguf = _gguf()
     tokenizer = read_json_object(src / "tokenizer.json", "SRC's tokenizer.json", ConversionError)
     pre = pre_tokenizer(tokenizer)
     model = tokenizer.get("model") or {}
@@ -329,7 +354,6 @@ def write_vocabulary(writer, src: Path, vocab_size: int) -> bool:
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     gguf.SpecialVocab(src, load_merges=True, n_vocab=vocab_size).add_to_gguf(writer, quiet=True)
-    return True
 
 
 # ------------------------------------------------------------------------------------------------------ writing
