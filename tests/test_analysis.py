@@ -939,7 +939,7 @@ def test_commands_refuse_bad_input_in_one_line_and_write_nothing(tmp_path, capsy
         (["eval-ppl", str(tmp_path / "model"), "--lengths", "8", "--tokens", str(tmp_path / "not-safetensors.bin")],
          "is not a safetensors file"),
         (["analyze", str(tmp_path / "model"), "--text", str(tmp_path / "text.txt")], "--text needs a tokenizer"),
-        (["analyze", str(tmp_path / "broken")], "is not a valid JSON file"),
+        (["analyze", str(tmp_path / "broken")], "broken/config.json) is not valid JSON ("),
         (["analyze", str(tmp_path / "missing")], "is not a model folder"),
     ]
     before = sorted(p.name for p in tmp_path.rglob("*"))
