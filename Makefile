@@ -17,7 +17,7 @@ TORCH_INDEX ?=
 # pip warns about every missing folder of the machine's configured package mirrors; those lines say nothing.
 QUIET := 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
 
-.PHONY: setup test test-fast test-latest test-compat device-wheels test-serving bench-serving lock-serving demo lint lock clean \
+.PHONY: setup test test-fast test-latest test-compat device-wheels test-serving bench-serving lock-serving demo confirm lint lock clean \
 	gpu-check test-distributed lock-distributed test-llama
 
 setup: $(STAMP)
@@ -238,6 +238,11 @@ lock: $(UV)
 # Each run writes a new folder, so a second `make demo` never meets (or overwrites) the first one's results.
 demo: $(STAMP)
 	$(VENV)/bin/gated-qwen reproduce --out runs/demo-$(shell date +%Y%m%d-%H%M%S)
+
+# The confirmatory run: every direction on ten fresh seeds, with the M-Act and long-context models (docs/analysis.md;
+# far longer than the demo). Its directions.json is what benchmarks/reproduce/confirm.json holds.
+confirm: $(STAMP)
+	$(VENV)/bin/gated-qwen reproduce --preset confirm --out runs/confirm-$(shell date +%Y%m%d-%H%M%S)
 
 # On a CUDA GPU with this project's .venv: correctness over the kernel grid, TFLOP/s vs SDPA + gate, end-to-end
 # gated_triton vs sdpa (at most 8 minutes on an H200); results.json and results.md in a new folder. On the project's

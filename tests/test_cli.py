@@ -177,7 +177,7 @@ def test_lengths_that_do_not_fit_in_memory_are_refused_before_allocating(model64
     import torch
     from safetensors.torch import save_file
 
-    from gated_qwen.analysis.cli import available_memory
+    from gated_qwen.analysis.memory import available_memory
 
     err = one_line_refusal(capsys, ["analyze", str(model64), "--length", str(10**9), "--out", str(tmp_path / "a")],
                            f"--length {10**9} needs about")
@@ -204,7 +204,7 @@ def test_attention_memory_is_counted_where_it_is_quadratic():
     from helpers import TINY
 
     from gated_qwen import GatedQwenConfig
-    from gated_qwen.analysis.cli import forward_bytes
+    from gated_qwen.analysis.memory import forward_bytes
 
     full = GatedQwenConfig(**TINY)
     sliding = GatedQwenConfig(**TINY, use_sliding_window=True, sliding_window=64, max_window_layers=0)
@@ -218,7 +218,7 @@ def test_the_training_memory_estimate_counts_every_parameter(variant):
     each: weights, gradients, Adam's two moments), on a preset whose memory is almost all parameters: never less, and
     at most the largest (elementwise) gate's parameters more."""
     from gated_qwen import GatedQwenForCausalLM
-    from gated_qwen.analysis.cli import training_bytes
+    from gated_qwen.analysis.memory import training_bytes
     from gated_qwen.analysis.reproduce import PRESETS, customised, model_config
 
     preset = customised(PRESETS["large"], seq_len=2, batch_size=1, steps=1, eval_documents=1, analysis_documents=1,

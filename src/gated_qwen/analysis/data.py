@@ -147,31 +147,58 @@ class KeyValueRecall:
 
     A document of length n is BOS and a bigram chain (each token followed by one of `successors` ordinary tokens,
     a fixed random table over every token, uniformly), into which are written:
-    - `facts` fact tokens with distinct keys and uniformly drawn values, at distinct random positions of
-      [1, n // 2);
+    - `facts(n)` = n // `tokens_per_fact` fact tokens (the facts scale with the length: a document twice as long
+      holds twice as many) with distinct keys and uniformly drawn values, at distinct random positions of [1, n // 2);
     - in [n // 2, n - 1), one query per fact, in random order at random non-overlapping places: the fact's key,
       then its value. The chain goes on after each written token from that token.
     A value after a key (`recall_targets`) can only be predicted by finding the key's fact, 1 to n - 2 tokens back;
-    it is one of `values` equally likely tokens without it."""
+    it is one of `values` equally likely tokens without it. A length needs room for its facts: at most `keys` of
+    them, and a query slot for each (`check_length`)."""
 
     fillers: int = 32
     keys: int = 8
     values: int = 8
-    facts: int = 4
+    tokens_per_fact: int = 8
     successors: int = 8
     seed: int = 0
 
     def __post_init__(self):
         if not 1 <= self.successors <= self.fillers:
             raise ValueError(f"`successors` must be in [1, fillers = {self.fillers}], got {self.successors}.")
-        if not 1 <= self.facts <= self.keys:
-            raise ValueError(f"`facts` must be in [1, keys = {self.keys}] (their keys are distinct), got {self.facts}.")
-        if self.values < 1:
-            raise ValueError(f"`values` must be at least 1, got {self.values}.")
+        if self.keys < 1 or self.values < 1:
+            raise ValueError(f"`keys` and `values` must be at least 1, got {self.keys} and {self.values}.")
+        if self.tokens_per_fact < 5:
+            raise ValueError(f"`tokens_per_fact` must be at least 5 (a fact in the first half and its query's two "
+                             f"tokens in the second), got {self.tokens_per_fact}.")
 
     @property
     def vocab_size(self) -> int:
         return 1 + self.fillers + self.keys + self.values + self.keys * self.values
+
+    def facts(self, length: int) -> int:
+        """How many facts a document of `length` tokens holds (at least one)."""
+        return max(1, length // self.tokens_per_fact)
+
+    def check_length(self, length: int) -> None:
+        """Raises a `ValueError` unless a document of `length` tokens has room for its facts: distinct keys (at most
+        `keys` facts), a position for each in the first half and a query slot for each in the second."""
+        facts = self.facts(length)
+        if length < 4 or facts > min(length // 2 - 1, (length - 1 - length // 2) // 2):
+            raise ValueError(f"A KeyValueRecall document of {length} tokens has no room for its {facts} fact(s) "
+                             f"and their queries; give at least {self.min_length()} tokens.")
+        if facts > self.keys:
+            raise ValueError(f"A KeyValueRecall document of {length} tokens holds {facts} facts (one per "
+                             f"{self.tokens_per_fact} tokens), more than its {self.keys} distinct keys; give at most "
+                             f"{self.max_length()} tokens.")
+
+    def min_length(self) -> int:
+        """The shortest document with room for its facts (first half) and their queries (second half)."""
+        return next(n for n in range(4, 4 * self.tokens_per_fact + 8)
+                    if self.facts(n) <= min(n // 2 - 1, (n - 1 - n // 2) // 2))
+
+    def max_length(self) -> int:
+        """The longest document whose facts have distinct keys."""
+        return (self.keys + 1) * self.tokens_per_fact - 1
 
     def key_token(self, key: torch.Tensor) -> torch.Tensor:
         return 1 + self.fillers + key
@@ -192,10 +219,6 @@ class KeyValueRecall:
         targets[:, 1:] = self.is_key(ids[:, :-1])
         return targets
 
-    def min_length(self) -> int:
-        """The shortest document with room for the facts (first half) and their queries (second half)."""
-        return max(2 * (self.facts + 1), 4 * self.facts + 1)
-
     def successor_table(self) -> torch.Tensor:
         """`[vocab_size, successors]`: the ordinary tokens that may follow each token."""
         g = torch.Generator().manual_seed(self.seed)
@@ -204,20 +227,20 @@ class KeyValueRecall:
 
     def sample(self, num_documents: int, length: int, seed: int = 0) -> torch.Tensor:
         """-> `[num_documents, length]` int64 documents; column 0 is BOS."""
-        if num_documents < 1 or length < self.min_length():
-            raise ValueError(f"Need at least 1 document of at least {self.min_length()} tokens (room for "
-                             f"{self.facts} facts and their queries), got {num_documents} x {length}.")
+        if num_documents < 1:
+            raise ValueError(f"Need at least 1 document, got {num_documents}.")
+        self.check_length(length)
         table = self.successor_table()
         g = torch.Generator().manual_seed(seed)
-        n, half = num_documents, length // 2
+        n, half, facts = num_documents, length // 2, self.facts(length)
         rows = torch.arange(n)[:, None]
         written = torch.full((n, length), -1, dtype=torch.long)  # -1: the chain's token goes there
-        keys = torch.rand(n, self.keys, generator=g).argsort(-1)[:, : self.facts]  # [n, facts], distinct
-        values = torch.randint(self.values, (n, self.facts), generator=g)
-        fact_at = 1 + torch.rand(n, half - 1, generator=g).argsort(-1)[:, : self.facts]
+        keys = torch.rand(n, self.keys, generator=g).argsort(-1)[:, :facts]  # [n, facts], distinct
+        values = torch.randint(self.values, (n, facts), generator=g)
+        fact_at = 1 + torch.rand(n, half - 1, generator=g).argsort(-1)[:, :facts]
         written[rows, fact_at] = self.fact_token(keys, values)
         slots = (length - 1 - half) // 2  # query slots: (key, value) at half + 2j, half + 2j + 1
-        query_at = half + 2 * torch.rand(n, slots, generator=g).argsort(-1)[:, : self.facts]
+        query_at = half + 2 * torch.rand(n, slots, generator=g).argsort(-1)[:, :facts]
         written[rows, query_at] = self.key_token(keys)
         written[rows, query_at + 1] = self.value_token(values)
         ids = torch.zeros(n, length, dtype=torch.long)

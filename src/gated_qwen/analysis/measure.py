@@ -396,6 +396,30 @@ def with_yarn(model, factor: float, original_max_position_embeddings: int | None
     return model
 
 
+def yarn_bands(config, factor: float) -> dict:
+    """Which rotary frequencies YaRN with `factor` over the trained context (`config.max_position_embeddings`) leaves
+    alone, divides by `factor` (interpolation) and ramps between, read from Transformers' own YaRN frequencies
+    against the plain ones (`theta^(-2i/d)`, i = 0 .. d/2 - 1): `{"unchanged", "ramp", "interpolated"}` (lists of
+    i), `rotations` (turns of each frequency within the trained context) and `attention_factor` (YaRN's scale on
+    cos and sin, so the attention logits scale by its square)."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    original, theta = config.max_position_embeddings, config.rope_parameters["rope_theta"]
+    yarn = copy.deepcopy(config)
+    yarn.rope_parameters = {"rope_type": "yarn", "rope_theta": theta, "factor": float(factor),
+                            "original_max_position_embeddings": original}
+    yarn.max_position_embeddings = math.ceil(original * factor)
+    scaled, attention_factor = ROPE_INIT_FUNCTIONS["yarn"](yarn, None)
+    dims = config.head_dim
+    plain = 1.0 / theta ** (torch.arange(0, dims, 2, dtype=torch.float64) / dims)
+    ratio = (scaled.double() / plain).tolist()
+    bands = {"unchanged": [], "ramp": [], "interpolated": []}
+    for i, r in enumerate(ratio):
+        band = "unchanged" if abs(r - 1) < 1e-5 else "interpolated" if abs(r * factor - 1) < 1e-5 else "ramp"
+        bands[band].append(i)
+    return {**bands, "rotations": (original * plain / (2 * math.pi)).tolist(), "attention_factor": attention_factor}
+
+
 def perplexity_by_length(model, windows, lengths: list[int], yarn_factor: float | None = None,
                          batch_size: int = 8, recall_targets=None) -> list[dict]:
     """Perplexity of `model` at each context length, without and (if `yarn_factor`) with YaRN.
