@@ -360,12 +360,15 @@ def test_recall_accuracy_matches_a_count():
         recall_accuracy(model, docs, torch.ones_like(targets))
 
 
-def test_key_value_recall_follows_its_rules():
-    corpus = KeyValueRecall(fillers=20, keys=6, values=5, tokens_per_fact=10, successors=4, seed=2)
+@pytest.mark.parametrize("layout", ["halves", "interleaved"])
+def test_key_value_recall_follows_its_rules(layout):
+    corpus = KeyValueRecall(fillers=20, keys=6, values=5, tokens_per_fact=10, successors=4, layout=layout, seed=2)
     assert corpus.vocab_size == 1 + 20 + 6 + 5 + 30
     table = corpus.successor_table()
     assert table.shape == (corpus.vocab_size, 4) and (table >= 1).all() and (table <= 20).all()
-    assert corpus.min_length() == 5 and corpus.max_length() == 69  # 1 fact in 5 tokens; 6 facts (keys) in 69
+    # 1 fact in the shortest document (halves: a position in [1, n // 2) and a query slot after; interleaved: two
+    # two-token slots), 6 facts (one per key) in 69 tokens
+    assert (corpus.min_length(), corpus.max_length()) == ((5, 69) if layout == "halves" else (6, 69))
     for length, facts in ((corpus.min_length(), 1), (30, 3), (69, 6)):  # the facts scale with the length
         assert corpus.facts(length) == facts
         docs = corpus.sample(40, length, seed=7)
@@ -373,33 +376,35 @@ def test_key_value_recall_follows_its_rules():
         half = length // 2
         for doc, targets in zip(docs.tolist(), corpus.recall_targets(docs).tolist()):
             assert doc[0] == 0
-            known = {}  # key -> value, from the fact tokens
+            known = {}  # key -> (value, position), from the fact tokens
             for i, token in enumerate(doc[1:], start=1):
                 if token > 1 + 20 + 6 + 5 - 1:  # a fact token
-                    assert i < half
+                    assert i < half if layout == "halves" else i % 2 == 1
                     key, value = divmod(token - 32, 5)
                     assert key not in known
-                    known[key] = value
+                    known[key] = value, i
             assert len(known) == facts
             queried = []
             for i in range(1, length):
                 token, before = doc[i], doc[i - 1]
                 if 21 <= before <= 26:  # after a key: its fact's value
-                    assert token == 27 + known[before - 21] and targets[i]
+                    assert token == 27 + known[before - 21][0] and targets[i]
                     continue
                 assert not targets[i]
-                if 21 <= token <= 26:  # a query's key: in the second half, each fact's once
-                    assert half <= i < length - 1
+                if 21 <= token <= 26:  # a query's key: after its fact (halves: in the second half), each fact's once
+                    assert (half <= i if layout == "halves" else i % 2 == 1) and known[token - 21][1] < i < length - 1
                     queried.append(token - 21)
                 elif token <= 20:
                     assert i == 1 or token in table[before].tolist()  # the chain goes on from any token
             assert sorted(queried) == sorted(known)
-    with pytest.raises(ValueError, match="give at least 5 tokens"):
-        corpus.sample(2, 4)
+    with pytest.raises(ValueError, match=f"give at least {corpus.min_length()} tokens"):
+        corpus.sample(2, corpus.min_length() - 1)
     with pytest.raises(ValueError, match="7 facts .* more than its 6 distinct keys; give at most 69 tokens"):
         corpus.sample(2, 70)
     with pytest.raises(ValueError, match="tokens_per_fact"):
         KeyValueRecall(tokens_per_fact=4)
+    with pytest.raises(ValueError, match="layout"):
+        KeyValueRecall(layout="random")
 
 
 def test_held_out_documents_of_the_chain_corpora_are_prefixes_of_longer_ones():

@@ -146,20 +146,25 @@ class KeyValueRecall:
     bigram table; `sample` draws documents with its own seed.
 
     A document of length n is BOS and a bigram chain (each token followed by one of `successors` ordinary tokens,
-    a fixed random table over every token, uniformly), into which are written:
-    - `facts(n)` = n // `tokens_per_fact` fact tokens (the facts scale with the length: a document twice as long
-      holds twice as many) with distinct keys and uniformly drawn values, at distinct random positions of [1, n // 2);
-    - in [n // 2, n - 1), one query per fact, in random order at random non-overlapping places: the fact's key,
-      then its value. The chain goes on after each written token from that token.
+    a fixed random table over every token, uniformly), into which are written `facts(n)` = n // `tokens_per_fact`
+    fact tokens (the facts scale with the length: a document twice as long holds twice as many) with distinct keys
+    and uniformly drawn values, and one query per fact: the fact's key, then its value. The chain goes on after each
+    written token from that token. `layout` says where they go:
+    - "halves": the facts at distinct random positions of [1, n // 2), the queries in random order at random
+      non-overlapping places of [n // 2, n - 1);
+    - "interleaved": facts and queries anywhere in [1, n - 1), each query after its fact (two-token slots at odd
+      positions, drawn at random and paired at random, the earlier of a pair the fact's), so that queries come at
+      every position and their facts at every distance behind them.
     A value after a key (`recall_targets`) can only be predicted by finding the key's fact, 1 to n - 2 tokens back;
     it is one of `values` equally likely tokens without it. A length needs room for its facts: at most `keys` of
-    them, and a query slot for each (`check_length`)."""
+    them, and a place for each and its query (`check_length`)."""
 
     fillers: int = 32
     keys: int = 8
     values: int = 8
     tokens_per_fact: int = 8
     successors: int = 8
+    layout: str = "halves"
     seed: int = 0
 
     def __post_init__(self):
@@ -167,6 +172,8 @@ class KeyValueRecall:
             raise ValueError(f"`successors` must be in [1, fillers = {self.fillers}], got {self.successors}.")
         if self.keys < 1 or self.values < 1:
             raise ValueError(f"`keys` and `values` must be at least 1, got {self.keys} and {self.values}.")
+        if self.layout not in ("halves", "interleaved"):
+            raise ValueError(f"`layout` must be 'halves' or 'interleaved', got {self.layout!r}.")
         if self.tokens_per_fact < 5:
             raise ValueError(f"`tokens_per_fact` must be at least 5 (a fact in the first half and its query's two "
                              f"tokens in the second), got {self.tokens_per_fact}.")
@@ -183,7 +190,7 @@ class KeyValueRecall:
         """Raises a `ValueError` unless a document of `length` tokens has room for its facts: distinct keys (at most
         `keys` facts), a position for each in the first half and a query slot for each in the second."""
         facts = self.facts(length)
-        if length < 4 or facts > min(length // 2 - 1, (length - 1 - length // 2) // 2):
+        if not self._has_room(length):
             raise ValueError(f"A KeyValueRecall document of {length} tokens has no room for its {facts} fact(s) "
                              f"and their queries; give at least {self.min_length()} tokens.")
         if facts > self.keys:
@@ -193,8 +200,12 @@ class KeyValueRecall:
 
     def min_length(self) -> int:
         """The shortest document with room for its facts (first half) and their queries (second half)."""
-        return next(n for n in range(4, 4 * self.tokens_per_fact + 8)
-                    if self.facts(n) <= min(n // 2 - 1, (n - 1 - n // 2) // 2))
+        return next(n for n in range(4, 4 * self.tokens_per_fact + 8) if self._has_room(n))
+
+    def _has_room(self, n: int) -> bool:
+        if self.layout == "interleaved":  # a two-token slot for each fact and each query
+            return n >= 4 and 2 * self.facts(n) <= (n - 2) // 2
+        return n >= 4 and self.facts(n) <= min(n // 2 - 1, (n - 1 - n // 2) // 2)
 
     def max_length(self) -> int:
         """The longest document whose facts have distinct keys."""
@@ -237,10 +248,15 @@ class KeyValueRecall:
         written = torch.full((n, length), -1, dtype=torch.long)  # -1: the chain's token goes there
         keys = torch.rand(n, self.keys, generator=g).argsort(-1)[:, :facts]  # [n, facts], distinct
         values = torch.randint(self.values, (n, facts), generator=g)
-        fact_at = 1 + torch.rand(n, half - 1, generator=g).argsort(-1)[:, :facts]
+        if self.layout == "interleaved":  # 2 * facts slots (1 + 2j, 2 + 2j), paired at random: (fact, its query)
+            chosen = 1 + 2 * torch.rand(n, (length - 2) // 2, generator=g).argsort(-1)[:, : 2 * facts]
+            fact_at = torch.minimum(chosen[:, 0::2], chosen[:, 1::2])
+            query_at = torch.maximum(chosen[:, 0::2], chosen[:, 1::2])
+        else:
+            fact_at = 1 + torch.rand(n, half - 1, generator=g).argsort(-1)[:, :facts]
+            slots = (length - 1 - half) // 2  # query slots: (key, value) at half + 2j, half + 2j + 1
+            query_at = half + 2 * torch.rand(n, slots, generator=g).argsort(-1)[:, :facts]
         written[rows, fact_at] = self.fact_token(keys, values)
-        slots = (length - 1 - half) // 2  # query slots: (key, value) at half + 2j, half + 2j + 1
-        query_at = half + 2 * torch.rand(n, slots, generator=g).argsort(-1)[:, :facts]
         written[rows, query_at] = self.key_token(keys)
         written[rows, query_at + 1] = self.value_token(values)
         ids = torch.zeros(n, length, dtype=torch.long)
