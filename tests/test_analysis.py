@@ -824,3 +824,18 @@ def test_commands_refuse_bad_input_in_one_line_and_write_nothing(tmp_path, capsy
         lines = [line for line in err.splitlines() if line.startswith("gated-qwen: error: ")]
         assert len(lines) == 1 and message in lines[0] and "Traceback" not in err, err
         assert sorted(p.name for p in tmp_path.rglob("*")) == before  # no output, no staging folder, no parent
+
+
+def test_a_short_first_stage_trains_before_the_main_one():
+    """`Preset.short_stage`: steps on shorter documents first (the paper's pretraining before its long-context
+    stage), logged with the rest; the memory estimate counts the larger stage's documents."""
+    from gated_qwen.analysis.memory import training_bytes
+    from gated_qwen.analysis.reproduce import PRESETS, customised, train_and_measure
+
+    preset = customised(PRESETS["smoke"], steps=2, short_stage=(8, 3), extrapolation=(1,))
+    result, model = train_and_measure(preset, "g1-elementwise", 1e-2, seed=1)
+    assert len(result["train_loss"]) == 5 and model.config.max_position_embeddings == preset.seq_len
+    one_stage = customised(preset, short_stage=None)
+    assert training_bytes(one_stage) == training_bytes(preset)  # 3 x 4 x 8 tokens: fewer than 2 x 4 x 24
+    assert training_bytes(customised(preset, short_stage=(8, 10**6))) - training_bytes(one_stage) == 8 * 4 * (
+        8 * 10**6 - 2 * 24)

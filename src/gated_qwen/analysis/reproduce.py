@@ -78,6 +78,9 @@ class Preset:
     batch_size: int = 16
     steps: int = 1500
     learning_rates: tuple[float, float] = (1e-2, 4e-2)
+    # (seq_len, steps): a first stage, trained on documents of that length before the `steps` at `seq_len` (as the
+    # paper trains at 4k before its long-context stage at 32k); None: one stage.
+    short_stage: tuple[int, int] | None = None
     seeds: tuple[int, ...] = (0, 1)
     tuning_seeds: tuple[int, ...] = ()
     high_lr_variants: tuple[str, ...] | None = None
@@ -238,25 +241,19 @@ def _quiet_transformers() -> Iterator[None]:
             transformers.utils.logging.enable_progress_bar()
 
 
-def _train_and_measure_quietly(preset: Preset, variant: str, learning_rate: float,
-                               seed: int) -> tuple[dict, torch.nn.Module]:
+def _train(model, preset: Preset, learning_rate: float, seed: int, seq_len: int, steps: int) -> list[dict]:
+    """`steps` steps of the `Trainer` on `preset.language` documents of `seq_len` tokens drawn with `seed` (AdamW,
+    cosine schedule with warmup); returns the log entries of the steps (`loss`, `grad_norm`)."""
     from transformers import Trainer, TrainingArguments
     from transformers.trainer_callback import PrinterCallback
 
-    from .. import GatedQwenForCausalLM
-
-    started = time.perf_counter()
-    train = preset.language.sample(preset.steps * preset.batch_size, preset.seq_len, seed=seed)
-    heldout = held_out(preset, preset.seq_len)
-    torch.manual_seed(seed)
-    model = GatedQwenForCausalLM(model_config(preset, variant))
-    model.set_attn_implementation("sdpa")
+    train = preset.language.sample(steps * preset.batch_size, seq_len, seed=seed)
     with scratch_folder("trainer") as scratch:
         SCRATCH.add(scratch)
         args = TrainingArguments(
-            output_dir=scratch, max_steps=preset.steps, per_device_train_batch_size=preset.batch_size,
+            output_dir=scratch, max_steps=steps, per_device_train_batch_size=preset.batch_size,
             learning_rate=learning_rate, lr_scheduler_type="cosine",
-            warmup_steps=round(preset.warmup_fraction * preset.steps), weight_decay=preset.weight_decay,
+            warmup_steps=round(preset.warmup_fraction * steps), weight_decay=preset.weight_decay,
             adam_beta2=0.95, max_grad_norm=preset.max_grad_norm or 0.0, bf16=preset.bf16, logging_steps=1,
             save_strategy="no", report_to="none",
             disable_tqdm=True, use_cpu=not torch.cuda.is_available(), seed=seed, dataloader_num_workers=0,
@@ -267,7 +264,21 @@ def _train_and_measure_quietly(preset: Preset, variant: str, learning_rate: floa
             trainer.train()
         finally:
             SCRATCH.discard(scratch)
-    history = [entry for entry in trainer.state.log_history if "loss" in entry]
+    return [entry for entry in trainer.state.log_history if "loss" in entry]
+
+
+def _train_and_measure_quietly(preset: Preset, variant: str, learning_rate: float,
+                               seed: int) -> tuple[dict, torch.nn.Module]:
+    from .. import GatedQwenForCausalLM
+
+    started = time.perf_counter()
+    heldout = held_out(preset, preset.seq_len)
+    torch.manual_seed(seed)
+    model = GatedQwenForCausalLM(model_config(preset, variant))
+    model.set_attn_implementation("sdpa")
+    history = []
+    for seq_len, steps in ([preset.short_stage] if preset.short_stage else []) + [(preset.seq_len, preset.steps)]:
+        history += _train(model, preset, learning_rate, seed, seq_len, steps)
     losses = [float(entry["loss"]) for entry in history]
     trained = time.perf_counter()
 
