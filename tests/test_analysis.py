@@ -839,3 +839,27 @@ def test_a_short_first_stage_trains_before_the_main_one():
     assert training_bytes(one_stage) == training_bytes(preset)  # 3 x 4 x 8 tokens: fewer than 2 x 4 x 24
     assert training_bytes(customised(preset, short_stage=(8, 10**6))) - training_bytes(one_stage) == 8 * 4 * (
         8 * 10**6 - 2 * 24)
+
+
+@pytest.mark.parametrize("length, theta, head_dim, unchanged, interpolated_from", [
+    (32, 1e4, 64, [0], 6),  # the old long-context model: only frequency 0 kept, and only by rounding (5 turns)
+    (256, 1e4, 128, [0, 1], 26),  # the long-context model: frequencies 0 and 1 turn 41 and 35 times in 256 tokens
+])
+def test_yarn_bands_match_the_yarn_papers_formula(length, theta, head_dim, unchanged, interpolated_from):
+    """YaRN (Peng et al. 2023) with beta_fast 32 and beta_slow 1: a frequency that turns r times in the trained
+    context is left alone where r >= 32 and divided by the factor where r <= 1; Transformers rounds the band edges
+    (the dimension index where r crosses each bound, down and up) and ramps linearly between."""
+    from gated_qwen.analysis.measure import yarn_bands
+
+    config = GatedQwenConfig(**sizes(TINY, head_dim=head_dim, max_position_embeddings=length,
+                                     rope_parameters={"rope_type": "default", "rope_theta": theta}))
+    bands = yarn_bands(config, 4.0)
+    turns = [length * theta ** (-2 * i / head_dim) / (2 * math.pi) for i in range(head_dim // 2)]
+    edge = lambda r: head_dim * math.log(length / (r * 2 * math.pi)) / (2 * math.log(theta))  # noqa: E731
+    low, high = max(math.floor(edge(32)), 0), math.ceil(edge(1))
+    assert bands["rotations"] == pytest.approx(turns)
+    assert bands["unchanged"] == list(range(low + 1)) == unchanged
+    assert bands["interpolated"] == list(range(high, head_dim // 2)) and high == interpolated_from
+    assert bands["ramp"] == list(range(low + 1, high))
+    assert all(turns[i] >= 32 for i in bands["unchanged"] if length >= 256)
+    assert bands["attention_factor"] == pytest.approx(0.1 * math.log(4.0) + 1)

@@ -334,6 +334,8 @@ def number(value: float | None) -> str:
     if math.isinf(value) or math.isnan(value):
         return str(value)
     size = abs(value)
+    if 0 < size < 0.001:
+        return f"{value:.1e}"
     return f"{value:.0f}" if size >= 100 else f"{value:.1f}" if size >= 10 else f"{value:.2f}" if size >= 1 else (
         f"{value:.3f}")
 
