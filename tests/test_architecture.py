@@ -258,9 +258,6 @@ def test_no_format_name_is_compared_outside_its_own_module():
 
 
 MAX_FUNCTION_LINES = 80
-# analysis/ functions over the limit that issue 30 (the demo's statistics as declarative rows, the analysis command
-# line in parts) rewrites; whoever of the two lands second empties this set.
-LONG_FUNCTIONS_ISSUE_30 = {"analysis/report.py:directions", "analysis/report.py:write_reproduce"}
 
 
 def test_no_function_is_longer_than_80_lines():
@@ -269,7 +266,5 @@ def test_no_function_is_longer_than_80_lines():
     lengths = {f"{path.relative_to(PACKAGE).as_posix()}:{node.name}": node.end_lineno - node.lineno + 1
                for path in sorted(PACKAGE.rglob("*.py")) for node in ast.walk(ast.parse(path.read_text()))
                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    too_long = {name: n for name, n in lengths.items() if n > MAX_FUNCTION_LINES and name not in LONG_FUNCTIONS_ISSUE_30}
+    too_long = {name: n for name, n in lengths.items() if n > MAX_FUNCTION_LINES}
     assert not too_long, too_long
-    fits = sorted(name for name in LONG_FUNCTIONS_ISSUE_30 if lengths.get(name, 0) <= MAX_FUNCTION_LINES)
-    assert not fits, f"{fits} now fit (or are gone): take them out of LONG_FUNCTIONS_ISSUE_30"
