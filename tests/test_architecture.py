@@ -268,3 +268,24 @@ def test_no_function_is_longer_than_80_lines():
                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
     too_long = {name: n for name, n in lengths.items() if n > MAX_FUNCTION_LINES}
     assert not too_long, too_long
+
+
+def test_contributings_layout_names_every_module_of_the_package():
+    """CONTRIBUTING.md's layout section matches the tree: it names every module of src/gated_qwen (by its file name,
+    in the block of its folder), and every folder of the repository it lists exists."""
+    text = (PACKAGE.parents[1] / "CONTRIBUTING.md").read_text()
+    layout = text[text.index("## Layout"):].split("```text\n", 1)[1].split("```", 1)[0]
+    blocks, folder = {"": ""}, ""
+    for line in layout.splitlines()[1:]:
+        indent, first = len(line) - len(line.lstrip()), line.split()[0] if line.strip() else ""
+        if indent <= 2:  # a module of the package, one of its folders, or a folder of the repository
+            folder = first if indent == 2 and first.endswith("/") else ""
+        blocks[folder] = blocks.get(folder, "") + line + "\n"
+    missing = [path.relative_to(PACKAGE).as_posix() for path in sorted(PACKAGE.rglob("*.py"))
+               if path.name != "__init__.py" and re.search(
+                   rf"(?<![\w.]){re.escape(path.name)}\b",
+                   blocks.get("" if path.parent == PACKAGE else f"{path.parent.relative_to(PACKAGE).as_posix()}/", ""))
+               is None]
+    assert not missing, f"CONTRIBUTING.md's layout does not name {missing}"
+    listed = re.findall(r"^(\S+)/\s", layout, re.M)
+    assert [name for name in listed if not (PACKAGE.parents[1] / name).is_dir()] == []
