@@ -136,26 +136,31 @@ def test_vocabulary_is_the_tokenizers(tmp_path):
 
 
 def test_a_tokenizer_swapped_for_a_link_after_its_check_is_not_read(tmp_path, monkeypatch):
-    """SRC's tokenizer.json swapped, once checked and before the gguf package reads the vocabulary, for a link to
-    another tokenizer outside SRC: the GGUF holds the vocabulary that was checked (read through the file opened when
-    it was checked), never the outside one."""
+    """SRC's tokenizer.json swapped, as soon as it is checked, for a link to another tokenizer outside SRC: the GGUF
+    holds the vocabulary that was checked (read through the file opened when it was checked), never the outside
+    one, whether the swap comes before the tokenizer files are copied or before the gguf package reads them."""
+    from gated_qwen.conversion import io
+
     src = saved(tmp_path / "gated", DENSE)
     tokenizer = tiny_tokenizer(src, vocab_size=DENSE["vocab_size"])
     tiny_tokenizer(tmp_path / "outside", texts=["an outside tokenizer, trained on other text entirely"],
                    vocab_size=DENSE["vocab_size"])
-    bpe_vocab = gguf.BpeVocab
+    checked = io.source_file
 
-    def swap_then_read(folder):
-        (src / "tokenizer.json").unlink()
-        (src / "tokenizer.json").symlink_to(tmp_path / "outside" / "tokenizer.json")
-        return bpe_vocab(folder)
+    def check_then_swap(folder, name, what):
+        opened = checked(folder, name, what)
+        if name == "tokenizer.json":
+            (src / "tokenizer.json").unlink()
+            (src / "tokenizer.json").symlink_to(tmp_path / "outside" / "tokenizer.json")
+        return opened
 
-    monkeypatch.setattr(gguf, "BpeVocab", swap_then_read)
+    monkeypatch.setattr(io, "source_file", check_then_swap)
     convert(src, tmp_path / "model.gguf", to_format="gguf", verify=False)
     assert (src / "tokenizer.json").is_symlink()  # the swap happened during the run
     vocab = tokenizer.get_vocab()
     tokens = fields_of(tmp_path / "model.gguf")["tokenizer.ggml.tokens"]
     assert tokens[: len(vocab)] == sorted(vocab, key=vocab.get)
+
 
 # ---------------------------------------------------------------------------------------------- layer types
 @pytest.mark.parametrize("to", ["qwen3_5", "qwen3_next", "release"])

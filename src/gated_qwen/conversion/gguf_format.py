@@ -306,19 +306,14 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "config.json", "me
 
 
 def _copy_tokenizer_files(src: Path, private: Path) -> None:
-    """Copies SRC's tokenizer files into `private`, each through the file opened when it was checked as SRC's own,
-    so that what the gguf package reads by name is what was checked, whatever SRC's names point to meanwhile."""
-    import shutil
+    """Copies SRC's tokenizer files into `private`, each through the file opened when it was checked as SRC's own
+    (`io.carry_files`), so that what the gguf package reads by name is what was checked, whatever SRC's names point
+    to meanwhile."""
+    from .io import carry_files, source_file
 
-    from .io import source_file
-
-    for name in TOKENIZER_FILES:
-        if (src / name).exists() or (src / name).is_symlink():
-            opened = source_file(src, name, "SRC's tokenizer file")  # only SRC's own files are read
-            try:
-                shutil.copyfile(opened.path, private / name)
-            finally:
-                opened.close()
+    checked = {name: source_file(src, name, "SRC's tokenizer file")  # only SRC's own files are read
+               for name in TOKENIZER_FILES if (src / name).exists() or (src / name).is_symlink()}
+    carry_files(checked, private)
 
 
 def _add_vocabulary(writer, src: Path, vocab_size: int) -> None:
