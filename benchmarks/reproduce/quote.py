@@ -6,7 +6,7 @@ the report says, word for word. A table is quoted after a marker line
     <!-- quotes: benchmarks/reproduce/confirm.json: sink m-act/... -->  these rows, in this order
 
 and is replaced by those rows as `gated_qwen.analysis.reproduce_report.directions_table` renders them (its header
-line and separator included). tests/test_report_quotes.py checks the pages against the reports.
+line and separator included). tests/analysis/test_report_quotes.py checks the pages against the reports.
 
     .venv/bin/python benchmarks/reproduce/quote.py          # after committing a new demo.json or confirm.json
 """

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks" / "reproduce"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "reproduce"))
 from quote import MARKER, quoted_table  # noqa: E402
 
 from gated_qwen.analysis import stats
 from gated_qwen.analysis.directions import DIRECTIONS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 REPORTS = tuple(sorted(str(path.relative_to(ROOT)) for path in (ROOT / "benchmarks" / "reproduce").glob("*.json")))
 PAGES = ("README.md", "docs/analysis.md", "benchmarks/RESULTS.md")
 INLINE = re.compile(r"`([a-z0-9/.\-]+)` \*\*(yes|no|inconclusive|not testable here)\*\*")
