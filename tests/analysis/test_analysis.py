@@ -826,19 +826,20 @@ def test_commands_refuse_bad_input_in_one_line_and_write_nothing(tmp_path, capsy
         assert sorted(p.name for p in tmp_path.rglob("*")) == before  # no output, no staging folder, no parent
 
 
-def test_a_short_first_stage_trains_before_the_main_one():
-    """`Preset.short_stage`: steps on shorter documents first (the paper's pretraining before its long-context
-    stage), logged with the rest; the memory estimate counts the larger stage's documents."""
+def test_short_stages_train_before_the_main_one():
+    """`Preset.short_stages`: steps on shorter documents first, in order (the paper's pretraining before its
+    long-context stage; a curriculum of lengths), logged with the rest; the memory estimate counts the largest
+    stage's documents."""
     from gated_qwen.analysis.memory import training_bytes
     from gated_qwen.analysis.reproduce import PRESETS, customised, train_and_measure
 
-    preset = customised(PRESETS["smoke"], steps=2, short_stage=(8, 3), extrapolation=(1,))
+    preset = customised(PRESETS["smoke"], steps=2, short_stages=((8, 3), (12, 1)), extrapolation=(1,))
     result, model = train_and_measure(preset, "g1-elementwise", 1e-2, seed=1)
-    assert len(result["train_loss"]) == 5 and model.config.max_position_embeddings == preset.seq_len
-    one_stage = customised(preset, short_stage=None)
+    assert len(result["train_loss"]) == 6 and model.config.max_position_embeddings == preset.seq_len
+    one_stage = customised(preset, short_stages=())
     assert training_bytes(one_stage) == training_bytes(preset)  # 3 x 4 x 8 tokens: fewer than 2 x 4 x 24
-    assert training_bytes(customised(preset, short_stage=(8, 10**6))) - training_bytes(one_stage) == 8 * 4 * (
-        8 * 10**6 - 2 * 24)
+    assert training_bytes(customised(preset, short_stages=((8, 10**6), (12, 1)))) - training_bytes(one_stage) == (
+        8 * 4 * (8 * 10**6 - 2 * 24))
 
 
 @pytest.mark.parametrize("length, theta, head_dim, unchanged, interpolated_from", [

@@ -152,7 +152,7 @@ def check_reproduce(preset, variants: list[str], args) -> int:
                          ("the M-Act model", reproduce.mact_preset(preset)),
                          ("the long-context model", reproduce.long_context_preset(preset))):
         check_length = getattr(chosen.language, "check_length", None) if chosen else None
-        stages = [chosen.short_stage[0]] if chosen and chosen.short_stage else []
+        stages = [length for length, _ in chosen.short_stages] if chosen else []
         lengths = sorted({chosen.seq_len, *stages, *reproduce.extrapolation_lengths(chosen)}) if check_length else []
         for length in lengths[::-1]:  # the longest first: its message names the limit that holds for all
             try:

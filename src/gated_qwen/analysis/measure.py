@@ -108,6 +108,8 @@ class _Recorder:
         self.p0_by_position = torch.zeros(layers, length, dtype=torch.float64)  # summed over sequences, head mean
         self.max_act = torch.zeros(layers, dtype=torch.float64)
         self.max_act_position = torch.zeros(layers, dtype=torch.long)
+        self.first_token_act = torch.zeros(layers, dtype=torch.float64)  # largest |hidden state| at position 0
+        self.other_act = torch.zeros(layers, dtype=torch.float64)  # ... at positions 1..S-1
         self.sdpa_sum = torch.zeros(layers, dtype=torch.float64)
         self.gated_sum = torch.zeros(layers, dtype=torch.float64)
         self.elements = torch.zeros(layers, dtype=torch.float64)
@@ -157,10 +159,12 @@ class _Recorder:
     # -- forward hook on a decoder layer: M-Act
     def layer_output(self, layer: int, output: torch.Tensor) -> None:
         """`output: [B, S, hidden]`, the hidden state a decoder layer returns."""
-        peak = output.abs().amax(dim=(0, 2))  # [S]
+        peak = output.abs().amax(dim=(0, 2)).double().cpu()  # [S]
         value, position = peak.max(0)
         if value.item() > self.max_act[layer]:
             self.max_act[layer], self.max_act_position[layer] = value.item(), position.item()
+        self.first_token_act[layer] = max(self.first_token_act[layer], peak[0])
+        self.other_act[layer] = max(self.other_act[layer], peak[1:].max())
 
     def result(self) -> dict:
         """The statistics as plain Python numbers (JSON-ready), plus the attention maps as tensors."""
@@ -176,6 +180,8 @@ class _Recorder:
                 "first_token_attention_per_head": p0[layer].tolist(),
                 "max_activation": self.max_act[layer].item(),
                 "max_activation_position": int(self.max_act_position[layer]),
+                "first_token_max_activation": self.first_token_act[layer].item(),
+                "other_max_activation": self.other_act[layer].item(),
                 "sdpa_output_mean_abs": sdpa[layer].item(),
                 "gated_output_mean_abs": gated[layer].item(),
                 "gate": None,
@@ -198,6 +204,11 @@ class _Recorder:
             "first_token_attention": p0.mean().item(),
             "max_activation": self.max_act.max().item(),
             "mean_max_activation": self.max_act.mean().item(),
+            # the paper's massive activation: at the first token, in the residual stream that later layers read
+            "first_token_max_activation_nonfinal": (self.first_token_act[:-1].max().item()
+                                                    if config.num_hidden_layers > 1 else None),
+            "other_max_activation_nonfinal": (self.other_act[:-1].max().item()
+                                              if config.num_hidden_layers > 1 else None),
             "sdpa_output_mean_abs": sdpa.mean().item(),
             "gated_output_mean_abs": gated.mean().item(),
             "gate_mean": sum(g["mean"] for g in gated_layers) / len(gated_layers) if gated_layers else None,

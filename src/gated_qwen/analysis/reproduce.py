@@ -47,6 +47,8 @@ VARIANTS: dict[str, dict] = {
     "ns-sigmoid": {"gate_position": "sdpa", "gate_activation": "ns_sigmoid"},
     "input-independent": {"gate_position": "sdpa", "gate_input_dependent": False},
     "sdpa-rmsnorm": {"gate_position": None, "sdpa_output_transform": "rmsnorm"},  # table 3's control: no gate
+    "g2-value": {"gate_position": "value"},  # table 1's other positions: G2 on the values, G5 after o_proj
+    "g5-dense": {"gate_position": "dense"},
 }
 MACT_VARIANTS = ("baseline", "g1-elementwise")  # what the M-Act model compares
 LONG_CONTEXT_VARIANTS = ("baseline", "g1-elementwise")  # what the long-context model compares
@@ -78,9 +80,9 @@ class Preset:
     batch_size: int = 16
     steps: int = 1500
     learning_rates: tuple[float, float] = (1e-2, 4e-2)
-    # (seq_len, steps): a first stage, trained on documents of that length before the `steps` at `seq_len` (as the
-    # paper trains at 4k before its long-context stage at 32k); None: one stage.
-    short_stage: tuple[int, int] | None = None
+    # ((seq_len, steps), ...): training stages on documents of those lengths, in order, before the `steps` at
+    # `seq_len` (as the paper trains at 4k before its long-context stage at 32k; a curriculum of lengths); (): one stage.
+    short_stages: tuple[tuple[int, int], ...] = ()
     seeds: tuple[int, ...] = (0, 1)
     tuning_seeds: tuple[int, ...] = ()
     high_lr_variants: tuple[str, ...] | None = None
@@ -113,7 +115,7 @@ MACT_MODEL = Preset(num_hidden_layers=4, num_attention_heads=4, num_key_value_he
 # facts scale with the length (one per 128 tokens: 2, 4 and 8 at 1x, 2x and 4x); evaluated at 1, 2 and 4 times the
 # training length. Chosen on its set-up checks alone (a baseline sink, recall at the training length without YaRN)
 # on seeds 0-3 (benchmarks/RESULTS.md: no set-up tried at 256 tokens or more learned the recall).
-LONG_CONTEXT_MODEL = Preset(head_dim=128, seq_len=256, steps=1000, short_stage=(32, 3000), extrapolation=(1, 2, 4),
+LONG_CONTEXT_MODEL = Preset(head_dim=128, seq_len=256, steps=1000, short_stages=((32, 3000),), extrapolation=(1, 2, 4),
                             extrapolation_documents=64, language=KeyValueRecall(keys=8, values=8, tokens_per_fact=128),
                             tuning_seeds=(0, 1, 2, 3))
 
@@ -279,7 +281,7 @@ def _train_and_measure_quietly(preset: Preset, variant: str, learning_rate: floa
     model = GatedQwenForCausalLM(model_config(preset, variant))
     model.set_attn_implementation("sdpa")
     history = []
-    for seq_len, steps in ([preset.short_stage] if preset.short_stage else []) + [(preset.seq_len, preset.steps)]:
+    for seq_len, steps in (*preset.short_stages, (preset.seq_len, preset.steps)):
         history += _train(model, preset, learning_rate, seed, seq_len, steps)
     losses = [float(entry["loss"]) for entry in history]
     trained = time.perf_counter()
