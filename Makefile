@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PIP     = $(1)/bin/python -m pip install --quiet --disable-pip-version-check
 EXTRAS := triton,peft,analysis,quant,gguf,dev
-IMPORTS := import torch, transformers, gated_qwen, peft, triton, hypothesis, matplotlib, optimum.quanto, torchao, gguf
+IMPORTS := import torch, transformers, gated_qwen, peft, triton, hypothesis, matplotlib, scipy, optimum.quanto, torchao, gguf
 
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 LOCK    := requirements/$(if $(HAS_GPU),cuda,cpu).lock

@@ -5,6 +5,7 @@ table per family is printed. benchmarks/RESULTS.md reports what each search foun
 
     nice -n 19 .venv/bin/python benchmarks/reproduce/search.py FAMILY [FAMILY ...] --out runs/search.jsonl --jobs 2
     ... --candidates D1,M1      # only these candidates (their names' first word), e.g. the next one a rule needs
+    ... --variants baseline --seeds 2   # a rule's first check alone (a candidate that fails it needs no more runs)
     .venv/bin/python benchmarks/reproduce/search.py --table runs/search.jsonl   # the tables again, no training
 
 Families and their rules:
@@ -123,11 +124,13 @@ def _key(row: dict) -> tuple:
     return row["candidate"], row["variant"], row["lr"], row["seed"]
 
 
-def run(families: list[str], out: Path, jobs: int, candidates: list[str] | None = None) -> None:
+def run(families: list[str], out: Path, jobs: int, candidates: list[str] | None = None,
+        variants: list[str] | None = None, seeds: list[int] | None = None) -> None:
     done = {_key(json.loads(line)) for line in out.read_text().splitlines()} if out.exists() else set()
-    todo = [(family, name, preset, v, lr, seed) for family in families for name, preset, variants, rates, seeds
-            in FAMILIES[family]() for seed in seeds for lr in rates for v in variants
-            if (name, v, lr, seed) not in done and (candidates is None or name.split()[0] in candidates)]
+    todo = [(family, name, preset, v, lr, seed) for family in families for name, preset, chosen, rates, tuning
+            in FAMILIES[family]() for seed in tuning for lr in rates for v in chosen
+            if (name, v, lr, seed) not in done and (candidates is None or name.split()[0] in candidates)
+            and (variants is None or v in variants) and (seeds is None or seed in seeds)]
     print(f"{len(todo)} runs ({len(done)} already in {out})", flush=True)
     with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
         for future in as_completed([pool.submit(_run, job) for job in todo]):
@@ -158,6 +161,9 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--table", type=Path, help="print the tables of this file and exit")
     parser.add_argument("--candidates", type=lambda text: text.split(","), help="only these candidates (e.g. D1,M1)")
+    parser.add_argument("--variants", type=lambda text: text.split(","), help="only these variants (a rule's first "
+                        "check: the baseline)")
+    parser.add_argument("--seeds", type=int, nargs="+", help="only these of the candidates' tuning seeds")
     args = parser.parse_args()
     unknown = [f for f in args.families if f not in FAMILIES]
     if unknown:
@@ -166,7 +172,7 @@ def main() -> int:
         print(table(args.table))
         return 0
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    run(args.families, args.out, args.jobs, args.candidates)
+    run(args.families, args.out, args.jobs, args.candidates, args.variants, args.seeds)
     print(table(args.out))
     return 0
 

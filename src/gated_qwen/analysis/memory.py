@@ -110,7 +110,7 @@ def check_windows_fit(args, length: int) -> None:
 
 
 def training_bytes(preset) -> int:
-    """About the peak memory of one `reproduce` run of `preset` (a `reproduce.Preset`), from its sizes alone (no
+    """About the peak memory of one `reproduce` run of `preset` (a `miniature.presets.Preset`), from its sizes alone (no
     config is built: `--layers 10**9` would make a list of 10**9 layer types): the float32 weights, their gradients
     and Adam's two moments (16 bytes a parameter; the gate counted as the largest, elementwise, one), the training
     and held-out documents, and the largest forward the run makes: a training step (kept for the backward, about 3
