@@ -28,6 +28,7 @@ import argparse
 import json
 import math
 import sys
+import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import replace
 from multiprocessing import get_context
@@ -116,8 +117,9 @@ def summary(family: str, candidate: str, result: dict, preset) -> dict:
 
 def _run(job: tuple) -> dict:
     family, candidate, preset, variant, lr, seed = job
+    started = time.process_time()
     result, _ = runs.train_and_measure(preset, variant, lr, seed, threads=1)
-    return summary(family, candidate, result, preset)
+    return {**summary(family, candidate, result, preset), "cpu_seconds": time.process_time() - started}
 
 
 def _key(row: dict) -> tuple:
@@ -147,7 +149,7 @@ def _fmt(x) -> str:
 def table(out: Path) -> str:
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     keys = ("candidate", "variant", "lr", "seed", "heldout_loss", "floor", "f_attn", "f_attn_max_head", "m_act",
-            "m_act_first_nonfinal", "m_act_other_nonfinal", "gate_mean", "recall", "seconds")
+            "m_act_first_nonfinal", "m_act_other_nonfinal", "gate_mean", "recall", "seconds", "cpu_seconds")
     lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
     for row in sorted(rows, key=lambda r: (r["family"], r["candidate"], r["lr"], r["variant"], r["seed"])):
         lines.append("| " + " | ".join(_fmt(row.get(k)) for k in keys) + " |")

@@ -116,7 +116,7 @@ def test_the_deeper_model_is_judged_on_its_largest_head():
     assert by_name["deep/sink-removal"]["per_seed"][0]["value"] == pytest.approx(0.2 / 0.9)
     assert by_name["deep/sink-removal"]["verdict"] == "yes"
     assert by_name["deep/sink-removal"]["adjusted"] == {"holm": "yes", "fdr": "yes"}  # 2 rows, p = 2 / 4096 each
-    # the same model judged on the mean over heads would see no sink (0.2 < 0.5)
+    # the same model judged on the mean over heads would see no sink (0.2 < 0.3)
     assert METRICS["F-Attn"].value(runs[0]) == 0.2 and METRICS["largest head's F-Attn"].value(runs[0]) == 0.9
 
 

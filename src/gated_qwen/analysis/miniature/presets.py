@@ -35,9 +35,10 @@ PAIR = ("baseline", "g1-elementwise")
 MAIN_VARIANTS = ("baseline", "g1-elementwise", "g1-headwise", "ns-sigmoid", "input-independent", "sdpa-rmsnorm")
 TABLE1_VARIANTS = ("baseline", "g1-elementwise", "g1-headwise", "g2-value", "g5-dense")
 # Seeds. The main set-up was chosen on seeds 0-1, the families of issue 36 on 2-9. The demo's seeds are 10-21; the
-# confirmatory run's evidence, which the demo never reports, is 30-49 (30-59 for the stability family).
+# confirmatory run's evidence, which the demo never reports, is 30-41 (30-59 for the stability family's failure
+# rate). Twelve seeds are the fewest at which a row whose seeds all agree survives Holm's correction over ~60 rows.
 DEMO_SEEDS = tuple(range(10, 22))
-CONFIRM_SEEDS = tuple(range(30, 50))
+CONFIRM_SEEDS = tuple(range(30, 42))
 STABILITY_SEEDS = tuple(range(30, 60))
 
 
@@ -102,8 +103,9 @@ class Plan:
 
 
 MAIN = Preset(tuning_seeds=(0, 1))
-# The sink in a deeper model, judged per head: chosen on seeds 2-3 (benchmarks/reproduce/search.py, "deep-sink").
-DEEP = replace(MAIN, num_attention_heads=4, num_key_value_heads=4, head_dim=16, num_hidden_layers=2, seq_len=64,
+# The sink in a deeper model, judged per head: 4 layers of 4 heads at 64 tokens, chosen on seeds 2-3
+# (benchmarks/reproduce/search.py, "deep-sink": at 2 layers, 64 or 128 tokens, no head held a sink).
+DEEP = replace(MAIN, num_attention_heads=4, num_key_value_heads=4, head_dim=16, num_hidden_layers=4, seq_len=64,
                extrapolation=(1,), tuning_seeds=(2, 3))
 # The M-Act model: 6 layers with QK-norm and grouped-query attention; chosen on seeds 2-3 ("mact").
 MACT = replace(MAIN, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2, head_dim=16, use_qk_norm=True,
@@ -112,8 +114,9 @@ MACT = replace(MAIN, num_hidden_layers=6, num_attention_heads=4, num_key_value_h
 # Table 1's models: 2 layers on a second-order chain whose entropy is known; chosen on seeds 2-3 ("table1").
 TABLE1 = replace(MAIN, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, steps=1000,
                  extrapolation=(1,), language=TrigramLanguage(64, 4), tuning_seeds=(2, 3))
-# Stability: the main models at both rates, the baseline and G1 elementwise; rates looked at on seeds 2-9.
-STABILITY = replace(MAIN, high_lr_variants=PAIR, tuning_seeds=tuple(range(10)))
+# Stability: the main models at both rates (the high rate chosen with them, on seeds 0-1), the baseline and G1
+# elementwise, on 30 seeds for a failure rate.
+STABILITY = replace(MAIN, high_lr_variants=PAIR)
 NO_LONG_CONTEXT = ("long", "no set-up whose baseline recalls at its training length was found on the tuning seeds "
                    "2-9 (benchmarks/RESULTS.md)")
 
