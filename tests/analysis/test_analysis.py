@@ -622,7 +622,8 @@ def test_reproduce_smoke_preset_end_to_end(tmp_path, capsys):
         == sorted(runs["main"])
     # the rows as run: the commit that last changed directions.py, and whether the tree was clean (a checkout here)
     meta = report["meta"]
-    assert set(meta) >= {"directions_commit", "directions_file_clean", "tree_clean", "head", "directions_sha256"}
+    assert set(meta) >= {"directions_commit", "directions_commit_date", "directions_file_clean", "tree_clean", "head",
+                         "directions_sha256", "started_at"}
     assert meta["directions_commit"] is None or len(meta["directions_commit"]) == 40
     # One seed: no 95% interval, so no direction is decided (test_judge.py judges made-up seeds), nor corrected.
     directions = report["directions"]

@@ -94,8 +94,12 @@ def test_each_report_names_the_committed_rows_it_ran(name):
 
     from gated_qwen.analysis.miniature import directions
 
+    import datetime
+
     meta = report(name)["meta"]
     assert len(meta["directions_commit"]) == 40 and meta["directions_file_clean"] is True
+    assert datetime.datetime.fromisoformat(meta["directions_commit_date"]) < datetime.datetime.fromisoformat(
+        meta["started_at"]), "the rows were committed after the run started"
     assert meta["tree_clean"] is True, f"{name} was run from a working tree with uncommitted changes"
     assert hashlib.sha256(Path(directions.__file__).read_bytes()).hexdigest() == meta["directions_sha256"], (
         f"directions.py changed since {name} was run")

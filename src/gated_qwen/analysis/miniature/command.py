@@ -10,6 +10,7 @@ whole working tree was clean (`tree_clean`), from git where the package runs fro
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import hashlib
 import os
 import subprocess
@@ -56,19 +57,21 @@ def _git(folder: Path, *command: str) -> str | None:
 
 
 def directions_provenance(path: Path | None = None) -> dict:
-    """`directions_commit` (the last commit that changed `path`, default this package's directions.py),
-    `directions_file_clean` (the file as run is that commit's), `tree_clean` (no change, staged or not, and no
-    untracked file in the working tree), `head` and the file's `directions_sha256`; the git values are None where
-    the file is not in a git checkout."""
+    """`directions_commit` (the last commit that changed `path`, default this package's directions.py) and its
+    committer date, `directions_file_clean` (the file as run is that commit's), `tree_clean` (no change, staged or
+    not, and no untracked file in the working tree), `head`, the file's `directions_sha256` and when the run started
+    (`started_at`, UTC); the git values are None where the file is not in a git checkout."""
     path = Path(path or Path(__file__).with_name("directions.py")).resolve()
     folder = path.parent
     commit = _git(folder, "log", "-1", "--format=%H", "--", path.name)
     status = _git(folder, "status", "--porcelain", "--", path.name)
     tree = _git(folder, "status", "--porcelain")
-    return {"directions_commit": commit or None, "directions_file_clean": None if status is None or not commit
-            else status == "", "tree_clean": None if tree is None else tree == "",
-            "head": _git(folder, "rev-parse", "HEAD"),
-            "directions_sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    return {"directions_commit": commit or None, "directions_commit_date": commit and _git(
+                folder, "log", "-1", "--format=%cI", commit) or None,
+            "directions_file_clean": None if status is None or not commit else status == "",
+            "tree_clean": None if tree is None else tree == "", "head": _git(folder, "rev-parse", "HEAD"),
+            "directions_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+            "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
 def reproduce_plan(args):
