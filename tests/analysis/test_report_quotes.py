@@ -90,11 +90,10 @@ def test_each_report_names_the_committed_rows_it_ran(name):
     """The rows were committed, in a clean tree, before the run (`meta.directions_commit`, the last commit of
     directions.py as run), and the file as run is this checkout's, byte for byte: a row changed after the run fails
     here until a new run (on new evidence seeds) replaces the report."""
+    import datetime
     import hashlib
 
     from gated_qwen.analysis.miniature import directions
-
-    import datetime
 
     meta = report(name)["meta"]
     assert len(meta["directions_commit"]) == 40 and meta["directions_file_clean"] is True
