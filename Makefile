@@ -76,7 +76,8 @@ $(DEVICE_WHEELS)/.complete: requirements/device-wheels.txt
 # The GPU machine's image on this CPU (requirements/compat.lock: Triton 3.6.0, transformers 5.17.0, huggingface_hub
 # 1.33.0 beside torch 2.13.0+cpu) with nothing of the project installed: the kernel tests, the ahead-of-time grid and
 # benchmarks/gpu_check_device.sh --interpret (tests marked compat) run with src/ and the device wheels on PYTHONPATH;
-# then the Transformers seam's tests with src/ alone, under the image's own transformers 5.17.
+# then the Transformers seam's tests and the shipped code's loading promises (tests/test_remote_code.py) with src/
+# alone, under the image's own transformers 5.17.
 COMPAT       := .venv-compat
 COMPAT_STAMP := $(COMPAT)/.installed
 COMPAT_SITE  := $(COMPAT)/device-site
@@ -93,7 +94,8 @@ test-compat: $(COMPAT_STAMP) $(DEVICE_WHEELS)/.complete
 	rm -rf $(COMPAT_SITE)
 	$(call PIP,$(COMPAT)) --no-index --no-deps --target $(COMPAT_SITE) $(DEVICE_WHEELS)/*.whl $(QUIET)
 	PYTHONPATH=$(abspath $(COMPAT_SITE)):$(abspath src) $(call PYTEST,$(COMPAT)) $(KERNEL_TESTS)
-	PYTHONPATH=$(abspath src) $(COMPAT)/bin/python -m pytest -q -p no:cacheprovider tests/test_transformers_compat.py
+	PYTHONPATH=$(abspath src) $(COMPAT)/bin/python -m pytest -q -p no:cacheprovider tests/test_transformers_compat.py \
+		tests/test_remote_code.py
 
 # Serving with vLLM (tests/serving, docs/serving.md): its own environment, .venv-serving, from
 # requirements/serving-cpu.lock (vLLM's CPU build, the Transformers it pins, torch 2.13.0+cpu), installed without
@@ -128,7 +130,7 @@ test-serving: $(STAMP) $(SERVING_STAMP)
 	$(SERVING_ENV) VLLM_PLUGINS=none $(SERVING_PY) -m pytest -q -p no:cacheprovider tests/serving \
 		--ignore=tests/serving/test_plugin.py
 	$(SERVING_ENV) $(SERVING_PY) -m pytest -q -p no:cacheprovider tests/serving/test_plugin.py
-	$(SERVING_PY) -m pytest -q -p no:cacheprovider tests/test_transformers_compat.py
+	$(SERVING_PY) -m pytest -q -p no:cacheprovider tests/test_transformers_compat.py tests/test_remote_code.py
 
 # tokens/s of the native folder (Transformers backend), its Qwen3.5 export (vLLM's own model) and `generate`, in one
 # run, interleaved; see benchmarks/serving_speed.py and benchmarks/RESULTS.md.

@@ -98,8 +98,10 @@ SHIPPED = {"configuration_gated.py", "gating.py", "modeling_gated.py", "transfor
 # The package's names the shipped files may use, each imported only inside `try` (Transformers' remote-code import
 # check skips those, so a folder loads without the package).
 SHIPPED_PACKAGE_IMPORTS = {"gated_qwen.gated_attention_backend"}
-# What the package adds to the shipped classes when it is imported (`gated_qwen.register`), never their own code.
-PACKAGE_HOOKS = {"from_pretrained", "push_to_hub", "checkpoint_reader", "hub_push"}
+# What the package adds to the shipped classes when it is imported (`gated_qwen.register`), never their own code
+# (their `from_pretrained` is their own: it refuses a missing gate tensor; the package replaces only the loading step
+# it calls, `_read_pretrained`, with one that also reads other formats).
+PACKAGE_HOOKS = {"read_other_formats", "read_pretrained", "push_to_hub", "checkpoint_reader", "hub_push"}
 
 
 @pytest.mark.parametrize("model_class, config", [
@@ -146,9 +148,9 @@ def test_the_package_gives_the_shipped_classes_its_kernel_reader_and_push():
     assert modeling_gated.installed_fused_kernel() is gated_attention_backend.gated_triton_is_default
     base = modeling_gated.GatedQwenPreTrainedModel
     assert base.push_to_hub is hub.model_push_to_hub
-    assert base.from_pretrained.__func__.__module__ == loading.__name__
+    assert base._read_pretrained.__func__.__module__ == loading.__name__
     assert GatedQwenConfig.get_config_dict.__func__.__module__ == loading.__name__
-    assert GatedQwenMoeForCausalLM.from_pretrained.__func__ is base.from_pretrained.__func__
+    assert GatedQwenMoeForCausalLM._read_pretrained.__func__ is base._read_pretrained.__func__
 
 
 def _imports(path: Path, module: str) -> set[str]:

@@ -285,14 +285,14 @@ def test_a_live_run_in_another_pid_namespace_is_left_alone(tmp_path, capsys):
         (staging,) = tmp_path.glob(".out.writing-*")
         assert json.loads((staging / OWNER_FILE).read_text())["pid"] == 1  # its own namespace's first process
         assert main(["convert", "--clean", str(tmp_path / "out")]) == 0
-        assert "is still going" in capsys.readouterr().out and (staging / "out" / "part.bin").exists()
+        assert f"left {staging} alone: its run" in capsys.readouterr().out and (staging / "out" / "part.bin").exists()
     finally:
         live.kill()  # unshare, whose child (--kill-child) is killed with it, a moment later
         live.wait()
-    for _ in range(100):
+    for _ in range(100):  # (other runs on this machine may hold live scratch folders: only this staging folder's line)
         assert main(["convert", "--clean", str(tmp_path)]) == 0
         out = capsys.readouterr().out
-        if "is still going" not in out:
+        if f"left {staging} alone" not in out:
             break
         time.sleep(0.1)
     assert f"removed the stale staging folder {staging}" in out

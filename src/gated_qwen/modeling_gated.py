@@ -71,6 +71,32 @@ def installed_fused_kernel() -> Callable | None:
     return gated_triton_is_default
 
 
+def refuse_unloaded_tensors(model: PreTrainedModel, info: dict, allows_mismatch: bool) -> None:
+    """Refuses a loaded model whose loading `info` (`from_pretrained(..., output_loading_info=True)`) says a gate
+    tensor was missing or of another shape, or (unless `allows_mismatch`) any tensor of another shape, naming it."""
+    mismatched = sorted((key if isinstance(key, tuple) else (key, None, None)) for key in info["mismatched_keys"])
+    not_loaded = sorted(name for name in [*info["missing_keys"], *(name for name, *_ in mismatched)]
+                        if ".self_attn.gate." in name)
+    if not_loaded:
+        missing = not_loaded[0] in info["missing_keys"]
+        raise ValueError(
+            f"the checkpoint has {'no tensor' if missing else 'a tensor of another shape'} for {not_loaded[0]}"
+            + (f" (and {len(not_loaded) - 1} more gate tensors)" if len(not_loaded) > 1 else "")
+            + f", yet its config has a gate (gate_position={model.config.gate_position!r}); refusing to start "
+            "that gate at random. Load the folder with the config it was saved with, or pass gate fields only to "
+            "add a gate to a stock Qwen3 folder."
+        )
+    if mismatched and not allows_mismatch:
+        name, stored, expected = mismatched[0]
+        shapes = f" has shape {list(stored)}, not the {list(expected)} its config gives" if stored else (
+            " has another shape than its config gives")
+        raise ValueError(
+            f"the checkpoint's {name}{shapes}" + (f" (and {len(mismatched) - 1} more tensors)" if len(mismatched)
+                                                  > 1 else "")
+            + "; load the folder with the config it was saved with (ignore_mismatched_sizes=True would start "
+            "such tensors, other than the gate's, at random).")
+
+
 class GatedQwenRMSNorm(Qwen3RMSNorm):
     """Qwen3's RMSNorm: `hidden_states: [..., size]` -> `x̂ · weight`, normalised over the last dimension."""
 
@@ -248,6 +274,27 @@ class GatedQwenPreTrainedModel(PreTrainedModel):
         super().__init__(config, *inputs, **kwargs)
         # Tags of the Hub card that `push_to_hub` writes (per instance: Transformers appends to this list).
         self.model_tags = ["gated-attention", "custom_code"]
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """Transformers' `from_pretrained`, which refuses a checkpoint that lacks a gate tensor its config has, or
+        holds one of another shape (even with `ignore_mismatched_sizes=True`), rather than starting that gate at
+        random (Transformers' own answer is a "newly initialized" warning), and any other tensor of another shape
+        unless `ignore_mismatched_sizes=True`: one error naming the tensor. The gated_qwen package replaces
+        `_read_pretrained` to also read other checkpoint formats; this check holds for both."""
+        wants_info = kwargs.get("output_loading_info", False)
+        allows_mismatch = kwargs.get("ignore_mismatched_sizes", False)
+        # Loaded either way, so that a mismatch is refused below by name (Transformers raises a RuntimeError that
+        # points at its log); with the caller's ignore_mismatched_sizes=True only non-gate tensors may be re-started.
+        kwargs.update(output_loading_info=True, ignore_mismatched_sizes=True)
+        model, info = cls._read_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        refuse_unloaded_tensors(model, info, allows_mismatch)
+        return (model, info) if wants_info else model
+
+    @classmethod
+    def _read_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """`(model, loading info)`: Transformers' `from_pretrained` with `output_loading_info=True`."""
+        return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
 
     def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
         """The attention that runs: by default on a CUDA GPU the gated_qwen package's fused kernel where it is
