@@ -20,7 +20,7 @@ tensor, not Transformers' conversion report. Quantized loading (`quantization_co
 only: Transformers' quantizers take one tensor per conversion, and these conversions make several of one (the gate
 rows of a packed q_proj); such a folder is refused, naming `gated-qwen convert`.
 
-Transformers internals this relies on (tests/test_transformers_compat.py runs them under every version supported):
+Transformers internals this relies on (tests/model/test_transformers_compat.py runs them under every version supported):
 conversions are looked up by the model class's name, and `model.__class__` may be reassigned after loading.
 """
 
@@ -39,10 +39,10 @@ from transformers.conversion_mapping import register_checkpoint_conversion_mappi
 from transformers.core_model_loading import ConversionOps, WeightConverter
 from transformers.utils import logging
 
-from ..configuration_gated import FIELDS, GATED_MODEL_TYPES, GatedQwenConfig, model_type_error
+from ..model.configuration_gated import FIELDS, GATED_MODEL_TYPES, GatedQwenConfig, model_type_error
 from .errors import CheckpointFormatError
 from .format import Context, Format, Shard, TensorRule, layer_of
-from .formats import format_of
+from .formats import FORMATS, format_of
 from .plans import gated_config
 from .shared import A7_NOTE, source_dtype
 
@@ -87,7 +87,8 @@ def gated_config_dict(config_dict: dict, kwargs: dict) -> dict:
     gate = {field: kwargs.pop(field) for field in FIELDS if field in kwargs}
     if gate and not fmt.takes_gate:
         raise CheckpointFormatError(
-            f"gate fields {sorted(gate)} can only be added to a stock Qwen3 or Qwen3-MoE model; this folder is in "
+            f"gate fields {sorted(gate)} can only be added to a folder in the "
+            f"{' or '.join(name for name, f in FORMATS.items() if f.takes_gate)} format; this folder is in "
             f"the {fmt.name} format ({fmt.summary}), whose gate is given by its checkpoint."
         )
     fields = fmt.config_fields(config_dict, gate or None)
