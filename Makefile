@@ -6,8 +6,8 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PIP     = $(1)/bin/python -m pip install --quiet --disable-pip-version-check
-EXTRAS := triton,peft,analysis,quant,gguf,dev
-IMPORTS := import torch, transformers, gated_qwen, peft, triton, hypothesis, matplotlib, optimum.quanto, torchao, gguf
+EXTRAS := triton,peft,analysis,quant,gguf,kernels,dev
+IMPORTS := import torch, transformers, gated_qwen, peft, triton, hypothesis, matplotlib, optimum.quanto, torchao, gguf, kernels
 
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 LOCK    := requirements/$(if $(HAS_GPU),cuda,cpu).lock
@@ -18,7 +18,7 @@ TORCH_INDEX ?=
 QUIET := 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
 
 .PHONY: setup test test-fast test-latest test-compat device-wheels test-serving bench-serving lock-serving demo confirm lint lock clean \
-	gpu-check test-distributed lock-distributed test-llama
+	gpu-check test-distributed lock-distributed test-llama kernel-repo
 
 setup: $(STAMP)
 
@@ -251,6 +251,11 @@ confirm: $(STAMP)
 # GPU machine, which can build no venv, run benchmarks/gpu_check_device.sh instead (docs/kernel.md).
 gpu-check: $(STAMP)
 	$(PY) benchmarks/gpu_check.py --out runs/gpu-check-$(shell date +%Y%m%d-%H%M%S)
+
+# The Hub kernel repository, generated from src/gated_qwen/kernel/ (the layout Hugging Face's `kernels` loads; never
+# edited by hand, the same bytes every run): build/kernel-repo, replaced whole. Publishing it: docs/kernel.md.
+kernel-repo: $(STAMP)
+	$(PY) -m gated_qwen.integrations.kernel_hub build/kernel-repo --overwrite
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
