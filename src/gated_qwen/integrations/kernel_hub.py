@@ -48,7 +48,7 @@ def kernel_sources(source: Path = KERNEL_SOURCE) -> dict[str, bytes]:
 def source_digest(sources: dict[str, bytes]) -> str:
     """SHA-256 (hex) of the kernel's files, names and contents, in name order."""
     digest = hashlib.sha256()
-    for name, data in sources.items():
+    for name, data in sorted(sources.items()):
         digest.update(f"{name}\0{len(data)}\0".encode())
         digest.update(data)
     return digest.hexdigest()
