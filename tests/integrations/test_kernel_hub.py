@@ -211,7 +211,7 @@ def test_a_saved_folder_without_the_package_uses_the_hub_kernel_its_config_names
     saved = json.loads((tmp_path / "hub" / "config.json").read_text())
     assert (saved["hub_kernel_repo"], saved["hub_kernel_revision"]) == (REPO_ID, COMMIT)
     folders = {"hub": str(tmp_path / "hub"), "missing": str(tmp_path / "missing"), "repo id": REPO_ID}
-    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_KERNELS", "PYTHONPATH")} | {
+    env = {k: v for k, v in os.environ.items() if k != "LOCAL_KERNELS"} | {
         "HF_HUB_OFFLINE": "1", "TRITON_INTERPRET": "1"}
     result = subprocess.run([sys.executable, "-c", WITHOUT_THE_PACKAGE, json.dumps(folders), str(kernel_repo),
                              str(tmp_path / "expected.pt")], capture_output=True, text=True, env=env, timeout=900)
