@@ -66,10 +66,15 @@ class Format:
       tensor is read), the tensor `rules`, and `ignored` source name prefixes that are not part of the model.
     - Export (`--to`), where `export` is given: `export(checkpoint, **options) -> (config to write, {name:
       TensorPlan})`, the config a config object or, for a format no Transformers class reads, a dict;
-      `export_options` names the keyword arguments it takes (`convert`'s, e.g. `allow_o_proj_bias`).
+      `export_options` names the keyword arguments it takes (`convert`'s, e.g. `allow_o_proj_bias`); `files(config)
+      -> {name: text}`, other files it writes beside config.json (the model file mlx-lm runs).
     - Export to one file, not a folder (GGUF), where `write_file` is given: `write_file(checkpoint, path) ->
       (vocab size, a line for the report)` writes the file from the gated_qwen checkpoint (and checks it), and
       `file_logits(path, input_ids [B, S]) -> [B, S, vocab]` is the format's reference for `--verify`.
+    - Export to a folder of the format's own files, not safetensors (ONNX), where `write_folder` is given:
+      `write_folder(checkpoint, folder) -> (vocab size, a line for the report)` writes them into the new folder
+      (SRC's tokenizer and generation files are carried beside them), and `file_logits(folder, input_ids)` is the
+      reference for `--verify`.
     - The models: a folder of the format is read by Transformers' causal LM of its `model_type` (the structural
       check builds it, `--verify` runs it as the reference). A format that no Transformers class reads gives instead
       `tensor_shapes(config.json) -> {name: shape}` and `logits(checkpoint, input_ids [B, S]) -> [B, S, vocab]`.
@@ -86,10 +91,12 @@ class Format:
     takes_gate: bool = False
     export: Callable[..., tuple[Any, dict[str, TensorPlan]]] | None = None
     export_options: tuple[str, ...] = ()
+    files: Callable[[Any], dict[str, str]] | None = None
     tensor_shapes: Callable[[dict], dict[str, tuple[int, ...]]] | None = None
     logits: Callable[[Checkpoint, torch.Tensor], torch.Tensor] | None = None
     write_file: Callable[[Checkpoint, Path], tuple[int, str]] | None = None
     file_logits: Callable[[Path, torch.Tensor], torch.Tensor] | None = None
+    write_folder: Callable[[Checkpoint, Path], tuple[int, str]] | None = None
 
     @property
     def imports(self) -> bool:
@@ -99,7 +106,7 @@ class Format:
     @property
     def exports(self) -> bool:
         """`--to NAME`: GatedQwen -> this format."""
-        return self.export is not None or self.write_file is not None
+        return self.export is not None or self.write_file is not None or self.write_folder is not None
 
     def reads_folder(self, config: dict) -> bool:
         """Whether `from_pretrained` reads a folder with this config.json in this format."""

@@ -8,7 +8,7 @@ without the model stack. `GATED` is this package's own format, the other end of 
 
 from __future__ import annotations
 
-from . import gguf_format, qwen3, qwen3_5, release
+from . import gguf_format, mlx_format, onnx_format, qwen3, qwen3_5, release
 from .errors import CheckpointFormatError
 from .format import Format
 
@@ -20,6 +20,8 @@ FORMATS: dict[str, Format] = {fmt.name: fmt for fmt in (
     qwen3_5.QWEN3_NEXT,
     qwen3.QWEN3_MOE,
     gguf_format.GGUF,
+    mlx_format.MLX,
+    onnx_format.ONNX,
 )}
 FROM_FORMATS = tuple(name for name, fmt in FORMATS.items() if fmt.imports)
 TO_FORMATS = tuple(name for name, fmt in FORMATS.items() if fmt.exports)
