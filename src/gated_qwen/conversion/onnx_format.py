@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 
 OPSET = 18
 MODEL_FILE = "model.onnx"
+DATA_FILE = "model.onnx_data"
+EXTERNAL_DATA_BYTES = 2**31 - 2**26  # past this the weights go beside the graph (a protobuf holds at most 2 GiB)
 
 
 def _onnxruntime():
@@ -78,6 +80,11 @@ def load_model(ckpt: Checkpoint):
     from .plans import load_gated_config
 
     config = load_gated_config(ckpt, moe=True)
+    sliding = [i for i, kind in enumerate(config.layer_types) if kind != "full_attention"]
+    if sliding:
+        raise ConversionError(f"layers {sliding} of this model are {config.layer_types[sliding[0]]!r}: a traced "
+                              "sliding-window mask keeps the lengths it was traced with, so --to onnx writes models "
+                              "whose layers are all full attention; nothing was written.")
     moe = isinstance(config, GatedQwenMoeConfig)
     if moe:
         config._experts_implementation = "batched_mm"
@@ -166,17 +173,35 @@ def write(ckpt: Checkpoint, folder: Path) -> tuple[int, str]:
 
     _onnxruntime()
     model = load_model(ckpt)
-    layers = model.config.num_hidden_layers
+    layers, vocab_size, model_type = model.config.num_hidden_layers, model.config.vocab_size, model.config.model_type
     with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")  # the tracer's notes on Python values it freezes (shapes it checks below)
+        warnings.simplefilter("ignore")  # the tracer's notes on Python values it freezes (--verify runs other shapes)
         torch.onnx.export(_flat(model), _example(model.config), folder / MODEL_FILE, input_names=input_names(layers),
                           output_names=output_names(layers), dynamic_axes=dynamic_axes(layers), opset_version=OPSET,
                           dynamo=False)
+    weights = sum(p.numel() * 4 for p in model.parameters())
+    del model
+    _gather_external_data(folder, weights)
     write_json(folder / "config.json", {k: v for k, v in ckpt.config.items() if k != "auto_map"})  # no code here
     check_graph(folder)
-    parameters = sum(p.numel() for p in model.parameters())
-    return model.config.vocab_size, (f"{MODEL_FILE}: {model.config.model_type}, {layers} layers, "
-                                     f"{parameters / 1e6:.1f}M parameters in float32, KV cache inputs and outputs")
+    where = f"weights in {DATA_FILE}" if (folder / DATA_FILE).exists() else "weights inside"
+    return vocab_size, (f"{MODEL_FILE}: {model_type}, {layers} layers, {weights // 4:,} parameters in float32 "
+                        f"({where}), KV cache inputs and outputs")
+
+
+def _gather_external_data(folder: Path, weights: int) -> None:
+    """Past `EXTERNAL_DATA_BYTES` of weights, the graph's initializers go into one `DATA_FILE` beside it (PyTorch's
+    exporter writes a file per tensor past 2 GB; Optimum and ONNX Runtime read one file)."""
+    import onnx
+
+    if weights <= EXTERNAL_DATA_BYTES:
+        return
+    before = set(folder.iterdir())
+    graph = onnx.load(str(folder / MODEL_FILE), load_external_data=True)
+    for path in before - {folder / MODEL_FILE}:
+        path.unlink()
+    onnx.save_model(graph, str(folder / MODEL_FILE), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=DATA_FILE, size_threshold=1024)
 
 
 def session(folder: Path, file: str = MODEL_FILE):
