@@ -252,6 +252,12 @@ $(ONNX_STAMP): requirements/cpu.lock $(ONNX_LOCK) pyproject.toml Makefile
 test-onnx: $(ONNX_STAMP)
 	$(ONNX_PY) -m pytest -q -p no:cacheprovider tests/onnx
 
+# tokens/s of one gated model in Transformers' generate, llama.cpp, MLX (CPU) and ONNX Runtime, float32 and each
+# engine's own quantization, in one run, interleaved; see benchmarks/local_speed.py and benchmarks/RESULTS.md.
+bench-local: $(STAMP) $(LLAMA_STAMP) $(MLX_STAMP) $(ONNX_STAMP)
+	rm -rf runs/bench-local && $(ONNX_PY) benchmarks/local_speed.py build runs/bench-local
+	$(PY) benchmarks/local_speed.py run runs/bench-local --repeats 5
+
 # Rewrites the lock files: cpu and cuda from pyproject.toml with the newest releases it allows, compat from
 # requirements/compat.in (uv's resolver, in a tools venv).
 # Then `make test` (and `make test-latest` passed) before committing the new locks.

@@ -66,7 +66,8 @@ def test_mlx_norms_are_gatedqwens_own(tmp_path):
     src = saved(tmp_path / "gated", DENSE)
     convert(src, tmp_path / "mlx", to_format="mlx")
     source, written = Checkpoint(src), Checkpoint(tmp_path / "mlx")
-    for name in ("model.norm.weight", "model.layers.1.self_attn.q_norm.weight", "model.layers.0.input_layernorm.weight"):
+    for name in ("model.norm.weight", "model.layers.1.self_attn.q_norm.weight",
+                 "model.layers.0.input_layernorm.weight"):
         assert torch.equal(written.get("language_model." + name), source.get(name))
 
 

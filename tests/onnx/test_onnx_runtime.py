@@ -117,7 +117,7 @@ def test_weights_beside_the_graph_in_one_file(tmp_path, monkeypatch):
     convert(folder, tmp_path / "onnx", to_format="onnx")  # --verify runs it in ONNX Runtime
     assert sorted(p.name for p in (tmp_path / "onnx").iterdir()) == [
         "config.json", "generation_config.json", "model.onnx", "model.onnx_data"]
-    graph, data = (tmp_path / "onnx" / "model.onnx").stat().st_size, (tmp_path / "onnx" / "model.onnx_data").stat().st_size
+    graph, data = ((tmp_path / "onnx" / name).stat().st_size for name in ("model.onnx", "model.onnx_data"))
     assert graph < data  # tensors under 1 KB stay inside the graph, as in Optimum's exports
     run = ort_greedy(tmp_path / "onnx", PROMPTS[1], NEW_TOKENS)
     assert run["greedy"] == transformers_answer(folder)["greedy"][1]
