@@ -249,8 +249,19 @@ $(ONNX_STAMP): requirements/cpu.lock $(ONNX_LOCK) pyproject.toml Makefile
 	$(ONNX_PY) -c "import onnx, onnxruntime, onnxruntime.quantization, gated_qwen"
 	touch $(ONNX_STAMP)
 
-test-onnx: $(ONNX_STAMP)
-	$(ONNX_PY) -m pytest -q -p no:cacheprovider tests/onnx
+# Optimum's ORTModelForCausalLM runs the --to onnx folders in .venv-optimum, with the Transformers optimum-onnx
+# requires (<4.58; gated-qwen needs 5: not installed there): requirements/optimum.lock, a full freeze.
+OPTIMUM       := .venv-optimum
+OPTIMUM_STAMP := $(OPTIMUM)/.installed
+
+$(OPTIMUM_STAMP): requirements/optimum.lock
+	test -x $(OPTIMUM)/bin/python || $(PYTHON) -m venv $(OPTIMUM)
+	$(call PIP,$(OPTIMUM)) $(TORCH_INDEX) -r requirements/optimum.lock $(QUIET)
+	$(OPTIMUM)/bin/python -c "import optimum.onnxruntime, transformers; assert transformers.__version__ == '4.57.6'"
+	touch $(OPTIMUM_STAMP)
+
+test-onnx: $(ONNX_STAMP) $(OPTIMUM_STAMP)
+	GATED_QWEN_OPTIMUM_PYTHON=$(CURDIR)/$(OPTIMUM)/bin/python $(ONNX_PY) -m pytest -q -p no:cacheprovider tests/onnx
 
 # tokens/s of one gated model in Transformers' generate, llama.cpp, MLX (CPU) and ONNX Runtime, float32 and each
 # engine's own quantization, in one run, interleaved; see benchmarks/local_speed.py and benchmarks/RESULTS.md.
@@ -296,4 +307,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 
 clean:
-	rm -rf $(VENV) $(LATEST) $(TOOLS) $(SERVING) $(COMPAT) $(DIST) $(LLAMA) $(MLX) $(ONNX) $(DEVICE_WHEELS) build src/*.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(LATEST) $(TOOLS) $(SERVING) $(COMPAT) $(DIST) $(LLAMA) $(MLX) $(ONNX) $(OPTIMUM) $(DEVICE_WHEELS) build src/*.egg-info .pytest_cache .hypothesis

@@ -11,9 +11,14 @@
 - int8 dynamic quantization (`onnxruntime.quantization.quantize_dynamic`) of a briefly trained model: perplexity on
   held-out text beside the float32 graph's, which equals Transformers'.
 - The weights beside the graph in one `model.onnx_data` file (what a model past ONNX's 2 GB gets).
+- Optimum's `ORTModelForCausalLM` (optimum-onnx 0.1.0, in .venv-optimum with the Transformers it requires) runs the
+  folders: its logits and its `generate`, through the graph's KV cache, are Transformers'.
 """
 
 import json
+import os
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -171,3 +176,27 @@ def test_sliding_window_layers_are_refused(tmp_path, capsys):
     lines = [line for line in err.splitlines() if line.startswith("gated-qwen: error: ")]
     assert len(lines) == 1 and "'sliding_attention'" in lines[0] and "Traceback" not in err, err
     assert not (tmp_path / "onnx").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".onnx.")]
+
+
+# ORTModelForCausalLM takes the head size as hidden_size / num_attention_heads (run_optimum.py): models where it is.
+OPTIMUM_CASES = {"g1_elementwise": {}, "g1_headwise": dict(gate_granularity="headwise"),
+                 "no_gate": dict(gate_position=None), "moe_g1": dict(MOE)}
+OPTIMUM_PYTHON = Path(os.environ.get("GATED_QWEN_OPTIMUM_PYTHON",
+                                     Path(__file__).resolve().parents[2] / ".venv-optimum" / "bin" / "python"))
+
+
+@pytest.mark.parametrize("name", OPTIMUM_CASES)
+def test_optimums_ort_model_for_causal_lm_runs_the_folder(tmp_path, name):
+    assert OPTIMUM_PYTHON.exists(), f"{OPTIMUM_PYTHON} is missing: `make test-onnx` builds .venv-optimum"
+    folder = build(tmp_path / "gated", dict(OPTIMUM_CASES[name], hidden_size=128, intermediate_size=128))
+    convert(folder, tmp_path / "onnx", to_format="onnx")
+    run = subprocess.run([str(OPTIMUM_PYTHON), str(Path(__file__).with_name("run_optimum.py")), str(tmp_path / "onnx"),
+                          json.dumps(PROMPTS), str(NEW_TOKENS)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    ran = json.loads(run.stdout)
+    reference = transformers_answer(folder)
+    error = distance([np.array(logits) for logits in ran["logits"]], reference["logits"])
+    print(f"{name}: ORTModelForCausalLM's logits {error:.3g} from Transformers' (relative), greedy {ran['greedy'][0]}")
+    assert error <= RTOL
+    assert ran["greedy"] == reference["greedy"]
+    assert ran["cached_steps"] == [NEW_TOKENS - 1] * len(PROMPTS)  # every step after the prompt: one token + its past
