@@ -260,7 +260,15 @@ $(OPTIMUM_STAMP): requirements/optimum.lock
 	$(OPTIMUM)/bin/python -c "import optimum.onnxruntime, transformers; assert transformers.__version__ == '4.57.6'"
 	touch $(OPTIMUM_STAMP)
 
-test-onnx: $(ONNX_STAMP) $(OPTIMUM_STAMP)
+# Transformers.js in Node runs them too: tests/onnx/js/node_modules from its package-lock.json (npm ci; install
+# scripts off: onnxruntime-node's would fetch GPU libraries, its CPU one is in the package).
+ONNX_JS := tests/onnx/js/node_modules/.installed
+
+$(ONNX_JS): tests/onnx/js/package-lock.json
+	cd tests/onnx/js && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
+	touch $(ONNX_JS)
+
+test-onnx: $(ONNX_STAMP) $(OPTIMUM_STAMP) $(ONNX_JS)
 	GATED_QWEN_OPTIMUM_PYTHON=$(CURDIR)/$(OPTIMUM)/bin/python $(ONNX_PY) -m pytest -q -p no:cacheprovider tests/onnx
 
 # tokens/s of one gated model in Transformers' generate, llama.cpp, MLX (CPU) and ONNX Runtime, float32 and each
@@ -307,4 +315,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 
 clean:
-	rm -rf $(VENV) $(LATEST) $(TOOLS) $(SERVING) $(COMPAT) $(DIST) $(LLAMA) $(MLX) $(ONNX) $(OPTIMUM) $(DEVICE_WHEELS) build src/*.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(LATEST) $(TOOLS) $(SERVING) $(COMPAT) $(DIST) $(LLAMA) $(MLX) $(ONNX) $(OPTIMUM) tests/onnx/js/node_modules $(DEVICE_WHEELS) build src/*.egg-info .pytest_cache .hypothesis

@@ -11,8 +11,9 @@
 - int8 dynamic quantization (`onnxruntime.quantization.quantize_dynamic`) of a briefly trained model: perplexity on
   held-out text beside the float32 graph's, which equals Transformers'.
 - The weights beside the graph in one `model.onnx_data` file (what a model past ONNX's 2 GB gets).
-- Optimum's `ORTModelForCausalLM` (optimum-onnx 0.1.0, in .venv-optimum with the Transformers it requires) runs the
-  folders: its logits and its `generate`, through the graph's KV cache, are Transformers'.
+- Optimum's `ORTModelForCausalLM` (optimum-onnx 0.1.0, in .venv-optimum with the Transformers it requires) and
+  Transformers.js 4.3.1 (in Node, tests/onnx/js) run the folders: their logits and their `generate`, through the
+  graph's KV cache, are Transformers'.
 """
 
 import json
@@ -200,3 +201,24 @@ def test_optimums_ort_model_for_causal_lm_runs_the_folder(tmp_path, name):
     assert error <= RTOL
     assert ran["greedy"] == reference["greedy"]
     assert ran["cached_steps"] == [NEW_TOKENS - 1] * len(PROMPTS)  # every step after the prompt: one token + its past
+
+
+JS = Path(__file__).resolve().parent / "js"
+
+
+@pytest.mark.parametrize("name", ["g1_elementwise", "g1_headwise", "g2_value_headwise", "moe_g1"])
+def test_transformers_js_runs_the_folder(cases, name):
+    """Transformers.js in Node (onnxruntime-node, CPU), given the folder's config as a Qwen3's (js/run_transformers_js.mjs
+    says why): every position's logits within RTOL of Transformers', and its `generate` gives Transformers' tokens."""
+    assert (JS / "node_modules" / ".installed").exists(), "`make test-onnx` installs tests/onnx/js/node_modules"
+    case = cases[name]
+    run = subprocess.run(["node", str(JS / "run_transformers_js.mjs"), str(case["onnx"]), json.dumps(PROMPTS),
+                          str(NEW_TOKENS)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    ran = json.loads(run.stdout.strip().splitlines()[-1])
+    reference = case["transformers"]
+    logits = [np.array(flat, np.float32).reshape(r.shape) for flat, r in zip(ran["logits"], reference["logits"])]
+    error = distance(logits, reference["logits"])
+    print(f"{name}: Transformers.js's logits {error:.3g} from Transformers' (relative), greedy {ran['greedy'][0]}")
+    assert error <= RTOL
+    assert ran["greedy"] == reference["greedy"]
