@@ -101,7 +101,6 @@ def transformers_engine(folder: Path, _quantized: bool):
 
 def llama_engine(folder: Path, quantized: bool):
     import llama_cpp
-    import numpy as np
 
     if quantized:  # the AMX kernels of llama.cpp's repacked buffers segfault on Q8_0 on this CPU (docs/local.md)
         default = llama_cpp.llama_cpp.llama_model_default_params
@@ -116,13 +115,12 @@ def llama_engine(folder: Path, quantized: bool):
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=PROMPT_LEN + NEW_TOKENS + 8, n_batch=PROMPT_LEN,
                           n_threads=THREADS, n_threads_batch=THREADS, verbose=False)
 
-    def decode() -> list[int]:
-        llm.reset()
-        llm.eval(prompt())
-        tokens = [int(np.argmax(llm.scores[llm.n_tokens - 1]))]
-        while len(tokens) < NEW_TOKENS:
-            llm.eval([tokens[-1]])
-            tokens.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+    def decode() -> list[int]:  # llama-cpp-python's own loop: temperature 0 is llama.cpp's greedy sampler
+        tokens = []
+        for token in llm.generate(prompt(), temp=0.0, repeat_penalty=1.0, reset=True):
+            tokens.append(int(token))
+            if len(tokens) == NEW_TOKENS:
+                return tokens
         return tokens
 
     return decode

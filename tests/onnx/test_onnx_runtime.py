@@ -12,13 +12,15 @@
   held-out text beside the float32 graph's, which equals Transformers'.
 - The weights beside the graph in one `model.onnx_data` file (what a model past ONNX's 2 GB gets).
 - Optimum's `ORTModelForCausalLM` (optimum-onnx 0.1.0, in .venv-optimum with the Transformers it requires) and
-  Transformers.js 4.3.1 (in Node, tests/onnx/js) run the folders: their logits and their `generate`, through the
-  graph's KV cache, are Transformers'.
+  Transformers.js 4.3.1 (in Node, and in headless Chromium on onnxruntime-web's WebAssembly backend: tests/onnx/js)
+  run the folders: their logits and their `generate`, through the graph's KV cache, are Transformers'.
 """
 
 import json
 import os
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -206,19 +208,37 @@ def test_optimums_ort_model_for_causal_lm_runs_the_folder(tmp_path, name):
 JS = Path(__file__).resolve().parent / "js"
 
 
-@pytest.mark.parametrize("name", ["g1_elementwise", "g1_headwise", "g2_value_headwise", "moe_g1"])
-def test_transformers_js_runs_the_folder(cases, name):
-    """Transformers.js in Node (onnxruntime-node, CPU), given the folder's config as a Qwen3's (js/run_transformers_js.mjs
-    says why): every position's logits within RTOL of Transformers', and its `generate` gives Transformers' tokens."""
-    assert (JS / "node_modules" / ".installed").exists(), "`make test-onnx` installs tests/onnx/js/node_modules"
-    case = cases[name]
-    run = subprocess.run(["node", str(JS / "run_transformers_js.mjs"), str(case["onnx"]), json.dumps(PROMPTS),
-                          str(NEW_TOKENS)], capture_output=True, text=True, timeout=600)
+def check_javascript_run(case: dict, command: list[str], engine: str) -> None:
+    """`command` printed Transformers.js's logits (flat) and greedy tokens for PROMPTS as its last line: within
+    RTOL of Transformers' logits, and Transformers' tokens."""
+    run = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
     ran = json.loads(run.stdout.strip().splitlines()[-1])
+    assert "error" not in ran, ran.get("error")
     reference = case["transformers"]
     logits = [np.array(flat, np.float32).reshape(r.shape) for flat, r in zip(ran["logits"], reference["logits"])]
     error = distance(logits, reference["logits"])
-    print(f"{name}: Transformers.js's logits {error:.3g} from Transformers' (relative), greedy {ran['greedy'][0]}")
+    print(f"{engine}: logits {error:.3g} from Transformers' (relative), greedy {ran['greedy'][0]}")
     assert error <= RTOL
     assert ran["greedy"] == reference["greedy"]
+
+
+@pytest.mark.parametrize("name", ["g1_elementwise", "g1_headwise", "g2_value_headwise", "moe_g1"])
+def test_transformers_js_runs_the_folder(cases, name):
+    """Transformers.js in Node (onnxruntime-node, CPU), given the folder's config as a Qwen3's
+    (js/run_transformers_js.mjs says why)."""
+    assert (JS / "node_modules" / ".installed").exists(), "`make test-onnx` installs tests/onnx/js/node_modules"
+    check_javascript_run(cases[name], ["node", str(JS / "run_transformers_js.mjs"), str(cases[name]["onnx"]),
+                                       json.dumps(PROMPTS), str(NEW_TOKENS)], f"Transformers.js in Node, {name}")
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason=(
+    "no chromium on PATH: Transformers.js in a browser runs where Debian's chromium is installed (apt-get install "
+    "chromium); make test-onnx does not install it"))
+@pytest.mark.parametrize("name", ["g1_elementwise", "moe_g1"])
+def test_transformers_js_runs_the_folder_in_a_browser(cases, name):
+    """Transformers.js's web build in headless Chromium, on onnxruntime-web's WebAssembly backend, served on loopback
+    (js/run_in_browser.py, js/page.html)."""
+    assert (JS / "node_modules" / ".installed").exists(), "`make test-onnx` installs tests/onnx/js/node_modules"
+    check_javascript_run(cases[name], [sys.executable, str(JS / "run_in_browser.py"), str(cases[name]["onnx"]),
+                                       json.dumps(PROMPTS), str(NEW_TOKENS)], f"Transformers.js in Chromium, {name}")
