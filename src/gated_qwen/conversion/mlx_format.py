@@ -91,9 +91,8 @@ def mlx_config(config, moe: bool) -> dict:
     theta = config.rope_parameters["rope_theta"]
     bias = config.attention_bias or (config.gate_position is not None and config.gate_bias)  # the export's rule
     fields.update(model_type=MOE if moe else DENSE, model_file=MODEL_FILE, attention_bias=bool(bias),
-        full_attention_interval=1,
-        layer_types=["full_attention"] * layers,
-        rope_parameters={"rope_type": "default", "rope_theta": theta, "partial_rotary_factor": 1.0})
+                  full_attention_interval=1, layer_types=["full_attention"] * layers,
+                  rope_parameters={"rope_type": "default", "rope_theta": theta, "partial_rotary_factor": 1.0})
     if moe:
         sparse = [i for i in range(layers) if i not in (config.mlp_only_layers or [])
                   and (i + 1) % config.decoder_sparse_step == 0]
