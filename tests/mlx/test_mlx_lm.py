@@ -42,12 +42,14 @@ CASES = {
     "g1_input_independent": dict(gate_input_dependent=False),
     "g1_bias": dict(gate_bias=True),
     "attention_bias": dict(attention_bias=True),  # Qwen3's q/k/v/o biases: mlx-lm's attention has all four
-    "g1_head_dim_16_tied": dict(head_dim=16, tie_word_embeddings=True),
+    "g1_head_dim_16_tied_yarn": dict(head_dim=16, tie_word_embeddings=True, rope_parameters={
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64}),
     "no_gate": dict(gate_position=None),
     "moe_g1": dict(MOE),
     "moe_g1_headwise": dict(MOE, gate_granularity="headwise"),
     "moe_no_shared_expert": dict(MOE, shared_expert_intermediate_size=0, norm_topk_prob=False),  # Qwen3-MoE's kind
-    "moe_dense_layer": dict(MOE, mlp_only_layers=[0]),
+    "moe_dense_layer_linear_rope": dict(MOE, mlp_only_layers=[0], rope_parameters={
+        "rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}),
 }
 
 

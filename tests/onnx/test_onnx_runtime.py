@@ -2,7 +2,7 @@
 
 - `gated-qwen convert --to onnx` of tiny models of every gate the model computes (the graph is traced from it:
   G1 to G5, elementwise and headwise, head-shared, additive, other activations, the non-gate control, no gate,
-  Qwen3's attention biases, mixtures of experts): every position's logits of three prompts within 1e-3 of
+  Qwen3's attention biases, YaRN and linear RoPE scaling, mixtures of experts): every position's logits of three prompts within 1e-3 of
   Transformers' (float32, relative to max(1, max |logit|)), and greedy decoding with the graph's KV cache (each step
   one token, the `present.*` outputs fed back) gives Transformers' `generate` tokens, each step's logits within the
   same tolerance of Transformers' on the whole sequence; each gated model farther than that from the same weights
@@ -58,7 +58,9 @@ CASES = {
     "g1_additive_silu": dict(gate_combine="add", gate_activation="silu"),
     "g1_ns_sigmoid": dict(gate_activation="ns_sigmoid"),
     "rmsnorm_control": dict(gate_position=None, sdpa_output_transform="rmsnorm"),
-    "attention_bias": dict(attention_bias=True),
+    "attention_bias_yarn": dict(attention_bias=True, rope_parameters={
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64}),
+    "linear_rope": dict(rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}),
     "no_gate": dict(gate_position=None),
     "moe_g1": dict(MOE),
     "moe_g1_headwise_no_shared_expert": dict(MOE, gate_granularity="headwise", shared_expert_intermediate_size=0),
@@ -168,16 +170,25 @@ def ort_perplexity(folder, data: np.ndarray, file: str = "model.onnx") -> float:
     return float(loss.exp())
 
 
-def test_sliding_window_layers_are_refused(tmp_path, capsys):
-    """A traced sliding-window mask keeps the lengths it was traced with (ONNX Runtime fails on others): refused in
-    one line, nothing written."""
+REFUSED = {  # name: (config fields, the message)
+    "sliding window": (dict(use_sliding_window=True, sliding_window=4, max_window_layers=1), "'sliding_attention'"),
+    "dynamic RoPE": (dict(rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}),
+                     "rope_type='dynamic'"),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED)
+def test_what_a_trace_cannot_keep_is_refused(tmp_path, capsys, case):
+    """A traced sliding-window mask, or RoPE frequencies that change with the length, keep the lengths they were
+    traced with (ONNX Runtime fails, or computes another model, on others): refused in one line, nothing written."""
     from gated_qwen.cli import main
 
-    folder = build(tmp_path / "gated", dict(use_sliding_window=True, sliding_window=4, max_window_layers=1))
+    fields, message = REFUSED[case]
+    folder = build(tmp_path / "gated", fields)
     assert main(["convert", str(folder), str(tmp_path / "onnx"), "--to", "onnx"]) == 2
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("gated-qwen: error: ")]
-    assert len(lines) == 1 and "'sliding_attention'" in lines[0] and "Traceback" not in err, err
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in err, err
     assert not (tmp_path / "onnx").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".onnx.")]
 
 

@@ -27,8 +27,9 @@ Transformers exports is read by mlx-lm as it is, and `--to mlx` writes what it n
   `tests/mlx` holds a strict expected failure that passes the day mlx-lm generates without it.
 
 Refused, besides the export's refusals (other gate positions, additive gates, other activations,
-`sdpa_output_transform`, sliding-window layers, `use_qk_norm=False`): RoPE scaling (only the default RoPE is written)
-and an activation other than SiLU (mlx-lm's MLP is SwiGLU). `--verify` reads the written tensors back into stock
+`sdpa_output_transform`, sliding-window layers, `use_qk_norm=False`): RoPE other than the default, linear and YaRN
+(`ROPE_FIELDS`: mlx-lm computes those as Transformers does, and ignores YaRN's `attention_factor` and `truncate`), and
+an activation other than SiLU (mlx-lm's MLP is SwiGLU). `--verify` reads the written tensors back into stock
 Transformers `Qwen3_5ForCausalLM` / `Qwen3NextForCausalLM` (`mlx_logits`); what mlx-lm itself computes is what
 `make test-mlx` checks (tests/mlx).
 """
@@ -67,18 +68,33 @@ class Model(Base):
 PREFIX = {DENSE: "language_model.", MOE: ""}  # what mlx-lm's Qwen3.5 nests its text model under
 EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 LAYER_NORMS = ("input_layernorm", "post_attention_layernorm", "self_attn.q_norm", "self_attn.k_norm")
+# The RoPE mlx-lm computes as Transformers does (`mlx_lm.models.rope_utils.initialize_rope`), by rope_type, with the
+# fields it reads: others it ignores (YaRN's `attention_factor`, `truncate`; `mscale` alone means another scale).
+ROPE_FIELDS = {"default": ("rope_type", "rope_theta"), "linear": ("rope_type", "rope_theta", "factor"),
+               "yarn": ("rope_type", "rope_theta", "factor", "original_max_position_embeddings", "beta_fast",
+                        "beta_slow")}
 
 
 # ------------------------------------------------------------------------------------------------------ config
 def check_mlx_can_run(config) -> None:
     """The refusals of mlx-lm's architectures beyond those of the Qwen3.5 export."""
-    rope_type = config.rope_parameters.get("rope_type", "default")
-    if rope_type != "default":
-        raise ConversionError(f"rope_parameters has rope_type={rope_type!r}; --to mlx writes the default RoPE only "
-                              "(rope_theta), so this model is refused; nothing was written.")
+    rope = rope_parameters(config)
+    if rope["rope_type"] not in ROPE_FIELDS:
+        raise ConversionError(f"rope_parameters has rope_type={rope['rope_type']!r}; --to mlx writes RoPE of the types "
+                              f"mlx-lm computes as Transformers does ({', '.join(ROPE_FIELDS)}); nothing was written.")
+    extra = sorted(set(rope) - set(ROPE_FIELDS[rope["rope_type"]]))
+    if extra:
+        raise ConversionError(f"rope_parameters has {extra}, which mlx-lm's {rope['rope_type']} RoPE does not read "
+                              "(it would compute another model); nothing was written.")
     if config.hidden_act != "silu":
         raise ConversionError(f"hidden_act={config.hidden_act!r}: mlx-lm's Qwen3.5 / Qwen3-Next MLP is SwiGLU (silu); "
                               "nothing was written.")
+
+
+def rope_parameters(config) -> dict:
+    """The model's RoPE fields, its type named (`default` when none is)."""
+    rope = {k: v for k, v in config.rope_parameters.items() if v is not None and k != "partial_rotary_factor"}
+    return {"rope_type": "default", **rope}
 
 
 def mlx_config(config, moe: bool) -> dict:
@@ -88,15 +104,15 @@ def mlx_config(config, moe: bool) -> dict:
     fields = {k: getattr(config, k) for k in (
         "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
         "num_key_value_heads", "head_dim", "rms_norm_eps", "max_position_embeddings", "tie_word_embeddings")}
-    theta = config.rope_parameters["rope_theta"]
+    rope = {**rope_parameters(config), "partial_rotary_factor": 1.0}
     bias = config.attention_bias or (config.gate_position is not None and config.gate_bias)  # the export's rule
     fields.update(model_type=MOE if moe else DENSE, model_file=MODEL_FILE, attention_bias=bool(bias),
-                  full_attention_interval=1, layer_types=["full_attention"] * layers,
-                  rope_parameters={"rope_type": "default", "rope_theta": theta, "partial_rotary_factor": 1.0})
+                  full_attention_interval=1, layer_types=["full_attention"] * layers, rope_parameters=rope)
     if moe:
         sparse = [i for i in range(layers) if i not in (config.mlp_only_layers or [])
                   and (i + 1) % config.decoder_sparse_step == 0]
-        fields.update(rope_theta=theta, partial_rotary_factor=1.0, num_experts=config.num_experts,
+        fields.update(rope_theta=rope["rope_theta"], partial_rotary_factor=1.0, num_experts=config.num_experts,
+                      rope_scaling=rope if rope["rope_type"] != "default" else None,
                       num_experts_per_tok=config.num_experts_per_tok,
                       moe_intermediate_size=config.moe_intermediate_size,
                       shared_expert_intermediate_size=config.shared_expert_intermediate_size or 1,

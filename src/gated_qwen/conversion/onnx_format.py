@@ -85,6 +85,11 @@ def load_model(ckpt: Checkpoint):
         raise ConversionError(f"layers {sliding} of this model are {config.layer_types[sliding[0]]!r}: a traced "
                               "sliding-window mask keeps the lengths it was traced with, so --to onnx writes models "
                               "whose layers are all full attention; nothing was written.")
+    rope_type = config.rope_parameters.get("rope_type", "default")
+    if "dynamic" in rope_type or rope_type == "longrope":
+        raise ConversionError(f"rope_parameters has rope_type={rope_type!r}, whose frequencies change with the "
+                              "sequence's length as the model runs: a trace keeps those of the lengths it was traced "
+                              "with, so --to onnx refuses it; nothing was written.")
     moe = isinstance(config, GatedQwenMoeConfig)
     if moe:
         config._experts_implementation = "batched_mm"
