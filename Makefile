@@ -275,7 +275,7 @@ test-onnx: $(ONNX_STAMP) $(OPTIMUM_STAMP) $(ONNX_JS)
 # engine's own quantization, in one run, interleaved; see benchmarks/local_speed.py and benchmarks/RESULTS.md.
 bench-local: $(STAMP) $(LLAMA_STAMP) $(MLX_STAMP) $(ONNX_STAMP)
 	rm -rf runs/bench-local && $(ONNX_PY) benchmarks/local_speed.py build runs/bench-local
-	$(PY) benchmarks/local_speed.py run runs/bench-local --repeats 5
+	$(PY) benchmarks/local_speed.py run runs/bench-local --repeats 7 --threads 1
 
 # Rewrites the lock files: cpu and cuda from pyproject.toml with the newest releases it allows, compat from
 # requirements/compat.in (uv's resolver, in a tools venv).

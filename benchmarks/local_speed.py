@@ -10,7 +10,7 @@
   back, and its dynamic int8 quantization.
 
 Every engine decodes the same prompt (PROMPT_LEN random tokens) greedily for NEW_TOKENS tokens (no early stop), batch
-1, with 2 threads, and is timed `--repeats` times, the engines interleaved (generate, llama.cpp, ..., generate, ...) so
+1, with `--threads` threads (default 1), and is timed `--repeats` times, the engines interleaved (generate, llama.cpp, ..., generate, ...) so
 that the load of a shared machine falls on all of them alike; each engine is a worker process of its own environment
 that answers "go" with the tokens per second of one decoding (prompt included in the time, model loading not).
 Before timing, every float32 engine's greedy tokens are checked equal to `generate`'s. Reported: the median tokens/s
@@ -18,7 +18,8 @@ of each engine and the median over rounds of its ratio to `generate` in the same
 
 usage (the model is built and converted in .venv-onnx, which has the package, gguf and ONNX Runtime):
     .venv-onnx/bin/python benchmarks/local_speed.py build DIR
-    .venv/bin/python benchmarks/local_speed.py run DIR [--repeats N]     (finds .venv-llama, .venv-mlx, .venv-onnx)
+    .venv/bin/python benchmarks/local_speed.py run DIR [--repeats N] [--threads N]   (finds .venv-llama, .venv-mlx,
+                                                                                   .venv-onnx)
 """
 
 import argparse
@@ -37,7 +38,10 @@ from pathlib import Path
 SIZE = dict(vocab_size=4096, hidden_size=512, intermediate_size=1408, num_hidden_layers=4, num_attention_heads=8,
             num_key_value_heads=4, head_dim=64, max_position_embeddings=512, tie_word_embeddings=False,
             initializer_range=0.1)
-PROMPT_LEN, NEW_TOKENS, THREADS = 32, 128, 2
+PROMPT_LEN, NEW_TOKENS = 32, 128
+# Threads per engine (`--threads`, handed to the workers): 1 by default, which a machine shared with other jobs
+# disturbs least (with 2 on these 2 busy cores, llama.cpp's and ONNX Runtime's thread pools wait on each other).
+THREADS = int(os.environ.get("LOCAL_SPEED_THREADS", "1"))
 ROOT = Path(__file__).resolve().parents[1]
 # engine -> (its environment, the float32 ones' tokens are checked against generate's)
 ENGINES = {"generate": (".venv", True), "llama.cpp": (".venv-llama", True), "llama.cpp Q8_0": (".venv-llama", False),
@@ -188,7 +192,8 @@ def run(folder: Path, repeats: int) -> dict:
         subprocess.run([str(ROOT / ENGINES[engine][0] / "bin" / "python"), __file__, "quantize", str(folder),
                         "--engine", engine], check=True)
     workers, tokens = {}, {}
-    env = dict(os.environ, OMP_NUM_THREADS=str(THREADS))
+    env = dict(os.environ, LOCAL_SPEED_THREADS=str(THREADS), OMP_NUM_THREADS=str(THREADS),
+               OPENBLAS_NUM_THREADS=str(THREADS), MKL_NUM_THREADS=str(THREADS))
     for engine, (venv, _) in ENGINES.items():
         workers[engine] = subprocess.Popen([str(ROOT / venv / "bin" / "python"), __file__, "worker", str(folder),
                                             "--engine", engine], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -233,7 +238,11 @@ def main() -> None:
     parser.add_argument("folder", type=Path)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--engine", choices=list(ENGINES))
+    parser.add_argument("--threads", type=int, default=None, help="threads per engine (default: 1)")
     args = parser.parse_args()
+    if args.threads is not None:  # the workers take it from the environment run() hands them
+        global THREADS
+        THREADS = args.threads
     if args.what == "build":
         build(args.folder)
     elif args.what == "quantize":
