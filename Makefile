@@ -76,12 +76,13 @@ $(DEVICE_WHEELS)/.complete: requirements/device-wheels.txt
 # The GPU machine's image on this CPU (requirements/compat.lock: Triton 3.6.0, transformers 5.17.0, huggingface_hub
 # 1.33.0 beside torch 2.13.0+cpu) with nothing of the project installed: the kernel tests, the ahead-of-time grid and
 # benchmarks/gpu_check_device.sh --interpret (tests marked compat) run with src/ and the device wheels on PYTHONPATH;
-# then the Transformers seam's tests with src/ alone, under the image's own transformers 5.17.
+# then the Transformers seam's tests and the shipped code's loading promises (tests/model/test_remote_code.py) with src/
+# alone, under the image's own transformers 5.17.
 COMPAT       := .venv-compat
 COMPAT_STAMP := $(COMPAT)/.installed
 COMPAT_SITE  := $(COMPAT)/device-site
-KERNEL_TESTS := tests/test_triton_kernel.py tests/test_triton_backend.py tests/test_kernel_selfcheck.py \
-	tests/test_kernel_aot.py tests/test_gpu_check.py tests/test_gpu_check_device.py
+KERNEL_TESTS := tests/kernel/test_triton_kernel.py tests/integrations/test_gated_triton.py tests/kernel/test_kernel_selfcheck.py \
+	tests/kernel/test_kernel_aot.py tests/kernel/test_gpu_check.py tests/kernel/test_gpu_check_device.py
 
 $(COMPAT_STAMP): requirements/compat.lock
 	rm -rf $(COMPAT) && $(PYTHON) -m venv $(COMPAT)
@@ -93,7 +94,8 @@ test-compat: $(COMPAT_STAMP) $(DEVICE_WHEELS)/.complete
 	rm -rf $(COMPAT_SITE)
 	$(call PIP,$(COMPAT)) --no-index --no-deps --target $(COMPAT_SITE) $(DEVICE_WHEELS)/*.whl $(QUIET)
 	PYTHONPATH=$(abspath $(COMPAT_SITE)):$(abspath src) $(call PYTEST,$(COMPAT)) $(KERNEL_TESTS)
-	PYTHONPATH=$(abspath src) $(COMPAT)/bin/python -m pytest -q -p no:cacheprovider tests/test_transformers_compat.py
+	PYTHONPATH=$(abspath src) $(COMPAT)/bin/python -m pytest -q -p no:cacheprovider tests/model/test_transformers_compat.py \
+		tests/model/test_remote_code.py
 
 # Serving with vLLM (tests/serving, docs/serving.md): its own environment, .venv-serving, from
 # requirements/serving-cpu.lock (vLLM's CPU build, the Transformers it pins, torch 2.13.0+cpu), installed without
@@ -116,7 +118,7 @@ $(SERVING_STAMP): $(SERVING_LOCK) requirements/serving_torchvision_ops.py pyproj
 	site=$$($(SERVING_PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") && \
 		cp requirements/serving_torchvision_ops.py "$$site/" && \
 		echo "import serving_torchvision_ops" > "$$site/serving_torchvision_ops.pth"
-	$(SERVING_PY) -c "import vllm.model_executor.models.qwen3_5, vllm.entrypoints.openai.api_server, pytest, openai, gated_qwen.vllm_plugin"
+	$(SERVING_PY) -c "import vllm.model_executor.models.qwen3_5, vllm.entrypoints.openai.api_server, pytest, openai, gated_qwen.integrations.vllm_plugin"
 	touch $(SERVING_STAMP)
 
 # Three processes: vLLM changes the model classes it serves for good (torch.compile decorators), and its plugins import
@@ -128,7 +130,7 @@ test-serving: $(STAMP) $(SERVING_STAMP)
 	$(SERVING_ENV) VLLM_PLUGINS=none $(SERVING_PY) -m pytest -q -p no:cacheprovider tests/serving \
 		--ignore=tests/serving/test_plugin.py
 	$(SERVING_ENV) $(SERVING_PY) -m pytest -q -p no:cacheprovider tests/serving/test_plugin.py
-	$(SERVING_PY) -m pytest -q -p no:cacheprovider tests/test_transformers_compat.py
+	$(SERVING_PY) -m pytest -q -p no:cacheprovider tests/model/test_transformers_compat.py tests/model/test_remote_code.py
 
 # tokens/s of the native folder (Transformers backend), its Qwen3.5 export (vLLM's own model) and `generate`, in one
 # run, interleaved; see benchmarks/serving_speed.py and benchmarks/RESULTS.md.
@@ -147,8 +149,8 @@ lock-serving:
 	rm -rf $(LOCK_VENV)
 
 # Scale-out training through `accelerate launch` with the configs of examples/accelerate/ (docs/training.md), on 2 CPU
-# processes with gloo, against one process: DDP and FSDP2 (tests/test_accelerate.py, also in `make test`), DeepSpeed
-# ZeRO-2/3 (tests/distributed/), and torchrun's tensor parallelism and fully_shard (tests/test_distributed.py). Its own
+# processes with gloo, against one process: DDP and FSDP2 (tests/integrations/test_accelerate.py, also in `make test`), DeepSpeed
+# ZeRO-2/3 (tests/distributed/), and torchrun's tensor parallelism and fully_shard (tests/integrations/test_distributed.py). Its own
 # environment, .venv-distributed: requirements/cpu.lock, then requirements/distributed-cpu.lock (DeepSpeed, a source
 # distribution: built without compiling its operators, DS_BUILD_OPS=0, against the lock's torch), then this package.
 DIST       := .venv-distributed
@@ -164,7 +166,7 @@ $(DIST_STAMP): requirements/cpu.lock $(DIST_LOCK) pyproject.toml Makefile
 	touch $(DIST_STAMP)
 
 test-distributed: $(DIST_STAMP)
-	$(call PYTEST,$(DIST)) tests/distributed tests/test_accelerate.py tests/test_distributed.py
+	$(call PYTEST,$(DIST)) tests/distributed tests/integrations/test_accelerate.py tests/integrations/test_distributed.py
 
 # Rewrites requirements/distributed-cpu.lock: pip's resolution of this package's `distributed` extra constrained by
 # requirements/cpu.lock, frozen, less what cpu.lock pins (the header is kept). Then `make test-distributed`.

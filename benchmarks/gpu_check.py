@@ -466,7 +466,8 @@ def end_to_end_problems(interpret: bool) -> list[Problem]:
 def end_to_end(device: str, interpret: bool, layers: int) -> dict:
     import torch
 
-    from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, gated_attention_backend
+    from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
+    from gated_qwen.integrations import gated_triton
 
     m = model_setup(interpret)
     fields, batch, seq, prompt, new_tokens = m.fields, m.batch, m.seq, m.prompt, m.new_tokens
@@ -521,7 +522,7 @@ def end_to_end(device: str, interpret: bool, layers: int) -> dict:
                          "ratio": tokens["gated_triton"][name] / tokens["sdpa"][name],
                          "warmup_s": {attn: tokens[attn][name + "_warmup_s"] for attn in tokens}}
     result["self_check"] = {combo.describe(): ("passed" if failure is None else failure)
-                            for combo, failure in gated_attention_backend.SELF_CHECK_VERDICTS.items()}
+                            for combo, failure in gated_triton.SELF_CHECK_VERDICTS.items()}
     return result
 
 

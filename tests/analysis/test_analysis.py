@@ -21,7 +21,7 @@ from gated_qwen.analysis.measure import GATE_BINS, first_token_attention_per_que
 from gated_qwen.analysis.quantize import SCHEMES, fake_quantize_rows, fake_quantized, perplexity_under_quantization
 from gated_qwen.analysis.reproduce import loss_spikes, planned_runs, sink_profile
 from gated_qwen.cli import main
-from gated_qwen.gating import FUSED_GATE_BACKENDS, gate_shape, gated_layers
+from gated_qwen.model.gating import gate_shape, gated_layers
 
 VOCAB = 61
 
@@ -423,7 +423,7 @@ def test_analysis_sees_the_ungated_output_under_a_backend_that_fuses_the_gate():
         out, weights = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
         return out * torch.sigmoid(output_gate), weights
 
-    FUSED_GATE_BACKENDS.add("test_fused_gate")
+    fused.applies_output_gate = True  # how an attention function says it takes the gate's logits
     AttentionInterface.register("test_fused_gate", fused)
     AttentionMaskInterface.register("test_fused_gate", sdpa_mask)
     model, x = model_for(gate_scale=8.0), ids()
@@ -579,7 +579,7 @@ def test_reproduce_smoke_preset_end_to_end(tmp_path, capsys):
     assert report["learning_rates"] == [1e-2, 4e-2] and report["seeds"] == report["meta"]["seeds"] == [3]
     assert report["preset"]["corpus"] == "bigram-backcopy" and report["preset"]["use_qk_norm"] is False
     assert len(report["runs"]) == 8 and len(report["runs"]["baseline-lr0.01-seed3"]["train_loss"]) == 6
-    # One seed: no 95% interval, so no direction is decided (tests/test_statistics.py judges made-up seeds).
+    # One seed: no 95% interval, so no direction is decided (tests/analysis/test_statistics.py judges made-up seeds).
     assert {c["verdict"] for c in report["directions"]} <= {"inconclusive", "not testable here"}
     assert all(c["seeds"] == [3] and c["interval"]["low"] is None for c in report["directions"])
     assert json.loads((out / "directions.json").read_text())["directions"] == report["directions"]

@@ -111,7 +111,7 @@ def split_tokenizer(folder: Path, pattern: str):
 
 @pytest.mark.parametrize("kind", ["gpt-2", "qwen2", "qwen35"])
 def test_vocabulary_tokenizes_as_the_hugging_face_tokenizer(tmp_path, kind):
-    from gated_qwen.conversion.gguf_format import QWEN2_PATTERN, QWEN35_PATTERN
+    from gated_qwen.conversion.formats.gguf import QWEN2_PATTERN, QWEN35_PATTERN
 
     folder = build(tmp_path / "gated", {})
     tokenizer = (tiny_tokenizer(folder, texts=TEXTS, vocab_size=SIZES["vocab_size"]) if kind == "gpt-2"

@@ -117,7 +117,7 @@ class MlxLmFailed(Exception):
     "mlx-lm 0.32.2's Qwen3.5 and Qwen3-Next build a linear-attention mask from the first layer's cache whatever that "
     "layer is (ssm_idx = 0): with no linear layer, create_ssm_mask calls a KVCache's make_mask and the first "
     "generation step fails (TypeError in create_attention_mask). `--to mlx` ships a model file that sets the index "
-    "to None; this passes the day mlx-lm generates without it (then drop the file: mlx_format.py)."))
+    "to None; this passes the day mlx-lm generates without it (then drop the file: conversion/formats/mlx.py)."))
 @pytest.mark.parametrize("name", ["g1_elementwise", "moe_g1"])
 def test_mlx_lm_generates_without_the_model_file(cases, tmp_path, name):
     import shutil

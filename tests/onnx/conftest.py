@@ -25,7 +25,7 @@ def ort_greedy(folder: Path, prompt: list[int], new_tokens: int, file: str = "mo
     """Greedy decoding in ONNX Runtime: the prompt in one call with an empty past, then one token per call with the
     `present.*` outputs fed back as `past_key_values.*`. Returns the prompt's logits `[positions, vocab]`, each
     step's last logits and the tokens."""
-    from gated_qwen.conversion.onnx_format import session
+    from gated_qwen.conversion.formats.onnx import session
 
     config = json.loads((folder / "config.json").read_text())
     graph = session(folder, file)

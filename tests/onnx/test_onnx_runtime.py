@@ -42,7 +42,8 @@ from local_models import (
 from test_docs import text_file, tiny_tokenizer
 from transformers import AutoModelForCausalLM
 
-from gated_qwen.conversion import convert, onnx_format
+from gated_qwen.conversion import convert
+from gated_qwen.conversion.formats import onnx as onnx_format
 
 # name -> config fields besides local_models.SIZES (a G1 sigmoid elementwise gate unless they say otherwise)
 CASES = {

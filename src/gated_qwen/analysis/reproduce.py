@@ -32,8 +32,8 @@ from pathlib import Path
 
 import torch
 
-from ..gating import gate_parameters_per_layer, gated_layers
-from ..outputs import scratch_folder
+from ..files import scratch_folder
+from ..model.gating import gate_parameters_per_layer, gated_layers
 from .data import CORPORA, HELDOUT_SEED, BigramBackcopy, KeyValueRecall, SyntheticLanguage
 from .measure import analyze, first_token_attention_per_query, mean_nll, perplexity_by_length, yarn_bands
 from .plots import moving_average

@@ -1,5 +1,5 @@
 """What `gated-qwen reproduce` writes: `report.md`, `report.json`, `directions.json` (the judged directions alone,
-small enough to commit) and PNG plots, into a folder (the command's staging folder from `gated_qwen.outputs`).
+small enough to commit) and PNG plots, into a folder (the command's staging folder from `gated_qwen.files`).
 
 The tables of numbers come first, per model family; then every direction of `directions.DIRECTIONS` whose models
 were trained, with its per-seed numbers, the 95% interval and the verdict (`directions.judge`)."""
@@ -10,7 +10,7 @@ import json
 import math
 from pathlib import Path
 
-from ..outputs import write_json
+from ..files import write_json
 from . import directions, plots
 from .quantize import SCHEMES
 from .report import QUANTIZATION_NOTE, _fmt, _head_mean, _increase, markdown_table

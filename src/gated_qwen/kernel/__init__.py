@@ -1,5 +1,5 @@
 """The fused gated-attention kernel in Triton: `softmax(q kᵀ · scale + mask) v ⊙ sigmoid(gate)`, the G1 gate of
-Qiu et al. (2025) applied in the kernel's epilogue. It knows nothing about Transformers; `gated_attention_backend.py`
+Qiu et al. (2025) applied in the kernel's epilogue. It knows nothing about Transformers; `integrations/gated_triton.py`
 plugs it in as `attn_implementation="gated_triton"`. One file per part, as flash-linear-attention lays out
 `fla/ops/attn/`:
 
