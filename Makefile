@@ -18,7 +18,7 @@ TORCH_INDEX ?=
 QUIET := 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
 
 .PHONY: setup test test-fast test-latest test-compat device-wheels test-serving bench-serving lock-serving demo confirm lint lock clean \
-	gpu-check test-distributed lock-distributed test-llama kernel-repo
+	gpu-check test-distributed lock-distributed test-llama test-mlx test-onnx bench-local kernel-repo
 
 setup: $(STAMP)
 
@@ -224,6 +224,67 @@ $(LLAMA_STAMP): requirements/cpu.lock $(LLAMA_LOCK) pyproject.toml Makefile | $(
 test-llama: $(LLAMA_STAMP)
 	$(LLAMA_PY) -m pytest -q -p no:cacheprovider tests/llama
 
+# Local inference with MLX (tests/mlx, docs/local.md): its own environment, .venv-mlx, from requirements/cpu.lock and
+# requirements/mlx.lock (mlx with its CPU backend, mlx-lm), then this package. mlx's Linux wheels run the same code as
+# on Apple silicon, on the CPU; about a minute to install with pip's cache warm.
+MLX       := .venv-mlx
+MLX_PY    := $(MLX)/bin/python
+MLX_STAMP := $(MLX)/.installed
+MLX_LOCK  := requirements/mlx.lock
+
+$(MLX_STAMP): requirements/cpu.lock $(MLX_LOCK) pyproject.toml Makefile
+	test -x $(MLX_PY) || $(PYTHON) -m venv $(MLX)
+	$(call PIP,$(MLX)) $(TORCH_INDEX) -r requirements/cpu.lock -r $(MLX_LOCK) $(QUIET)
+	$(call PIP,$(MLX)) --no-deps --no-build-isolation -e . $(QUIET)
+	$(MLX_PY) -c "import mlx.core, mlx_lm, gated_qwen"
+	touch $(MLX_STAMP)
+
+test-mlx: $(MLX_STAMP)
+	$(MLX_PY) -m pytest -q -p no:cacheprovider tests/mlx
+
+# Local inference with ONNX Runtime (tests/onnx, docs/local.md): its own environment, .venv-onnx, from
+# requirements/cpu.lock and requirements/onnx.lock (onnx, ONNX Runtime and what its quantizer needs), then this
+# package. About a minute to install with pip's cache warm.
+ONNX       := .venv-onnx
+ONNX_PY    := $(ONNX)/bin/python
+ONNX_STAMP := $(ONNX)/.installed
+ONNX_LOCK  := requirements/onnx.lock
+
+$(ONNX_STAMP): requirements/cpu.lock $(ONNX_LOCK) pyproject.toml Makefile
+	test -x $(ONNX_PY) || $(PYTHON) -m venv $(ONNX)
+	$(call PIP,$(ONNX)) $(TORCH_INDEX) -r requirements/cpu.lock -r $(ONNX_LOCK) $(QUIET)
+	$(call PIP,$(ONNX)) --no-deps --no-build-isolation -e . $(QUIET)
+	$(ONNX_PY) -c "import onnx, onnxruntime, onnxruntime.quantization, gated_qwen"
+	touch $(ONNX_STAMP)
+
+# Optimum's ORTModelForCausalLM runs the --to onnx folders in .venv-optimum, with the Transformers optimum-onnx
+# requires (<4.58; gated-qwen needs 5: not installed there): requirements/optimum.lock, a full freeze.
+OPTIMUM       := .venv-optimum
+OPTIMUM_STAMP := $(OPTIMUM)/.installed
+
+$(OPTIMUM_STAMP): requirements/optimum.lock
+	test -x $(OPTIMUM)/bin/python || $(PYTHON) -m venv $(OPTIMUM)
+	$(call PIP,$(OPTIMUM)) $(TORCH_INDEX) -r requirements/optimum.lock $(QUIET)
+	$(OPTIMUM)/bin/python -c "import optimum.onnxruntime, transformers; assert transformers.__version__ == '4.57.6'"
+	touch $(OPTIMUM_STAMP)
+
+# Transformers.js in Node runs them too: tests/onnx/js/node_modules from its package-lock.json (npm ci; install
+# scripts off: onnxruntime-node's would fetch GPU libraries, its CPU one is in the package).
+ONNX_JS := tests/onnx/js/node_modules/.installed
+
+$(ONNX_JS): tests/onnx/js/package-lock.json
+	cd tests/onnx/js && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
+	touch $(ONNX_JS)
+
+test-onnx: $(ONNX_STAMP) $(OPTIMUM_STAMP) $(ONNX_JS)
+	GATED_QWEN_OPTIMUM_PYTHON=$(CURDIR)/$(OPTIMUM)/bin/python $(ONNX_PY) -m pytest -q -p no:cacheprovider tests/onnx
+
+# tokens/s of one gated model in Transformers' generate, llama.cpp, MLX (CPU) and ONNX Runtime, float32 and each
+# engine's own quantization, in one run, interleaved; see benchmarks/local_speed.py and benchmarks/RESULTS.md.
+bench-local: $(STAMP) $(LLAMA_STAMP) $(MLX_STAMP) $(ONNX_STAMP)
+	rm -rf runs/bench-local && $(ONNX_PY) benchmarks/local_speed.py build runs/bench-local
+	$(PY) benchmarks/local_speed.py run runs/bench-local --repeats 7 --threads 1
+
 # Rewrites the lock files: cpu and cuda from pyproject.toml with the newest releases it allows, compat from
 # requirements/compat.in (uv's resolver, in a tools venv).
 # Then `make test` (and `make test-latest` passed) before committing the new locks.
@@ -267,4 +328,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 
 clean:
-	rm -rf $(VENV) $(LATEST) $(TOOLS) $(SERVING) $(COMPAT) $(DIST) $(LLAMA) $(DEVICE_WHEELS) build src/*.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(LATEST) $(TOOLS) $(SERVING) $(COMPAT) $(DIST) $(LLAMA) $(MLX) $(ONNX) $(OPTIMUM) tests/onnx/js/node_modules $(DEVICE_WHEELS) build src/*.egg-info .pytest_cache .hypothesis

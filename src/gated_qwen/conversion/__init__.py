@@ -174,6 +174,8 @@ def _write(request: _Request, ckpt, config, plan, folder: Path, shard_size: int 
     from .structure import check_plan, check_written
 
     _write_config(config, folder, request.result)
+    for name, text in (request.result.files(config) if request.result.files else {}).items():
+        (folder / name).write_text(text)
     check_plan(plan, request.result, folder)
     write_weights(plan, folder, shard_size or max(1, ckpt.largest_file_bytes // 2),
                   desc=" -> ".join(_kinds(request, ckpt, config)))
@@ -204,21 +206,30 @@ def _report(request: _Request, dst: Path, result_kind: str, plan: dict, copied: 
 
 def _write_file(request: _Request, src, dst, *, overwrite: bool, allow_pickle: bool, verify: bool | None,
                 folder_options: dict[str, bool]) -> Path:
-    """An export to one file (`Format.write_file`, e.g. GGUF): written whole or not at all, the source's structure
-    checked first and `--verify` against the format's own reader; none of a folder's options."""
-    from .io import Checkpoint
+    """An export that is not a folder of safetensors: one file (`Format.write_file`, e.g. GGUF) or a folder of the
+    format's own files (`Format.write_folder`, e.g. ONNX, with SRC's tokenizer and generation files carried beside
+    them), written whole or not at all, the source's structure checked first and `--verify` against the format's own
+    reader; none of a safetensors folder's options."""
+    from .io import Checkpoint, carry_files, files_to_carry
     from .structure import check_source
 
+    folder = request.fmt.write_folder is not None
     given = [flag for flag, used in folder_options.items() if used]
     if given:
-        raise ConversionError(f"{' and '.join(given)} apply to folder outputs; {request.flag} writes one file.")
+        writes = "its own files, not safetensors" if folder else "one file"
+        raise ConversionError(f"{' and '.join(given)} apply to safetensors folder outputs; {request.flag} writes "
+                              f"{writes}.")
     src, dst = Path(src), Path(dst)
-    with _refusals_as_conversion_errors(request.flag), output_file(dst, inputs=[src], overwrite=overwrite,
-                                                                    label="DST") as tmp:
+    output = output_folder if folder else output_file
+    with _refusals_as_conversion_errors(request.flag), output(dst, inputs=[src], overwrite=overwrite,
+                                                               label="DST") as tmp:
         ckpt = Checkpoint(src, allow_pickle=allow_pickle)
+        carried = files_to_carry(src)[0] if folder else {}
         check_source(ckpt, request.source)
         verify = _verify_by_default(ckpt) if verify is None else verify
-        vocab_size, report = request.fmt.write_file(ckpt, tmp, **request.options)
+        write = request.fmt.write_folder if folder else request.fmt.write_file
+        vocab_size, report = write(ckpt, tmp, **request.options)
+        carry_files(carried, tmp)
         if verify:
             _verify(request, src, tmp, {"vocab_size": vocab_size}, allow_pickle)
     say(f"wrote {dst} ({report})")
@@ -252,7 +263,7 @@ def convert(
     verification fails; nothing is written then.
     """
     request = _request(from_format, to_format, add_gate, export_options)
-    if request.export and request.fmt.write_file is not None:
+    if request.export and (request.fmt.write_file is not None or request.fmt.write_folder is not None):
         return _write_file(request, src, dst, overwrite=overwrite, allow_pickle=allow_pickle, verify=verify,
                            folder_options={"--max-shard-size": max_shard_size is not None, "--carry-code": carry_code})
     from .io import Checkpoint, carry_files, files_to_carry, parse_size

@@ -222,7 +222,7 @@ def test_folder_options_outputs_in_src_and_foreign_tokenizers_are_refused(tmp_pa
     src = saved(tmp_path / "gated", DENSE)
     dst = tmp_path / "m.gguf"
     refused(capsys, ["convert", str(src), str(dst), "--to", "gguf", "--max-shard-size", "1GB"],
-            "--max-shard-size apply to folder outputs", dst)
+            "--max-shard-size apply to safetensors folder outputs", dst)
     refused(capsys, ["convert", str(src), str(src / "m.gguf"), "--to", "gguf"], "lies inside the input", src / "m.gguf")
     tiny_tokenizer(src, vocab_size=DENSE["vocab_size"])
     tokenizer = json.loads((src / "tokenizer.json").read_text())

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..errors import CheckpointFormatError
 from ..format import ExportOption, Format
-from . import gguf, qwen3, qwen3_5, release
+from . import gguf, mlx, onnx, qwen3, qwen3_5, release
 
 # The order in which `format_of` asks the formats (the release before stock Qwen3: both are model_type qwen3).
 FORMATS: dict[str, Format] = {fmt.name: fmt for fmt in (
@@ -21,6 +21,8 @@ FORMATS: dict[str, Format] = {fmt.name: fmt for fmt in (
     qwen3_5.QWEN3_NEXT,
     qwen3.QWEN3_MOE,
     gguf.GGUF,
+    mlx.MLX,
+    onnx.ONNX,
 )}
 FROM_FORMATS = tuple(name for name, fmt in FORMATS.items() if fmt.imports)
 TO_FORMATS = tuple(name for name, fmt in FORMATS.items() if fmt.exports)

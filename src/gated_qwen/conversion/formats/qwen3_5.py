@@ -180,7 +180,8 @@ O_PROJ_BIAS_REFUSAL = (
 )
 
 
-def plan_gated_to_qwen3_5(ckpt: Checkpoint, allow_o_proj_bias: bool = False):
+def plan_gated_to_qwen3_5(ckpt: Checkpoint, allow_o_proj_bias: bool = False, quiet: bool = False):
+    """`quiet`: no warning for an o_proj bias written (a target that computes it, such as mlx-lm)."""
     from transformers import Qwen3_5TextConfig
 
     from ...files import say
@@ -210,7 +211,7 @@ def plan_gated_to_qwen3_5(ckpt: Checkpoint, allow_o_proj_bias: bool = False):
         )
     if config.attention_bias and not allow_o_proj_bias:
         raise ConversionError(O_PROJ_BIAS_REFUSAL)
-    if config.attention_bias:
+    if config.attention_bias and not quiet:
         say(f"warning: {target}'s o_proj bias is written as asked (--allow-o-proj-bias): stock Transformers computes "
             "this export exactly; vLLM drops that bias and computes something else.")
     gated = config.gate_position is not None
