@@ -6,8 +6,8 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PIP     = $(1)/bin/python -m pip install --quiet --disable-pip-version-check
-EXTRAS := triton,peft,analysis,quant,gguf,dev
-IMPORTS := import torch, transformers, gated_qwen, peft, triton, hypothesis, matplotlib, optimum.quanto, torchao, gguf
+EXTRAS := triton,peft,analysis,quant,gguf,kernels,dev
+IMPORTS := import torch, transformers, gated_qwen, peft, triton, hypothesis, matplotlib, optimum.quanto, torchao, gguf, kernels
 
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 LOCK    := requirements/$(if $(HAS_GPU),cuda,cpu).lock
@@ -18,7 +18,7 @@ TORCH_INDEX ?=
 QUIET := 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
 
 .PHONY: setup test test-fast test-latest test-compat device-wheels test-serving bench-serving lock-serving demo confirm lint lock clean \
-	gpu-check test-distributed lock-distributed test-llama test-mlx test-onnx bench-local
+	gpu-check test-distributed lock-distributed test-llama test-mlx test-onnx bench-local kernel-repo
 
 setup: $(STAMP)
 
@@ -77,12 +77,15 @@ $(DEVICE_WHEELS)/.complete: requirements/device-wheels.txt
 # 1.33.0 beside torch 2.13.0+cpu) with nothing of the project installed: the kernel tests, the ahead-of-time grid and
 # benchmarks/gpu_check_device.sh --interpret (tests marked compat) run with src/ and the device wheels on PYTHONPATH;
 # then the Transformers seam's tests and the shipped code's loading promises (tests/model/test_remote_code.py) with src/
-# alone, under the image's own transformers 5.17.
+# alone, under the image's own transformers 5.17; then the Hub kernel's tests (a saved folder's own code loading it)
+# under 5.17 with kernels alone added.
 COMPAT       := .venv-compat
 COMPAT_STAMP := $(COMPAT)/.installed
 COMPAT_SITE  := $(COMPAT)/device-site
+COMPAT_KERNELS := $(COMPAT)/kernels-site
 KERNEL_TESTS := tests/kernel/test_triton_kernel.py tests/integrations/test_gated_triton.py tests/kernel/test_kernel_selfcheck.py \
-	tests/kernel/test_kernel_aot.py tests/kernel/test_gpu_check.py tests/kernel/test_gpu_check_device.py
+	tests/kernel/test_kernel_aot.py tests/kernel/test_gpu_check.py tests/kernel/test_gpu_check_device.py \
+	tests/integrations/test_kernel_hub.py
 
 $(COMPAT_STAMP): requirements/compat.lock
 	rm -rf $(COMPAT) && $(PYTHON) -m venv $(COMPAT)
@@ -91,11 +94,14 @@ $(COMPAT_STAMP): requirements/compat.lock
 	touch $(COMPAT_STAMP)
 
 test-compat: $(COMPAT_STAMP) $(DEVICE_WHEELS)/.complete
-	rm -rf $(COMPAT_SITE)
+	rm -rf $(COMPAT_SITE) $(COMPAT_KERNELS)
 	$(call PIP,$(COMPAT)) --no-index --no-deps --target $(COMPAT_SITE) $(DEVICE_WHEELS)/*.whl $(QUIET)
+	$(call PIP,$(COMPAT)) --no-index --no-deps --target $(COMPAT_KERNELS) $(DEVICE_WHEELS)/kernels-*.whl $(QUIET)
 	PYTHONPATH=$(abspath $(COMPAT_SITE)):$(abspath src) $(call PYTEST,$(COMPAT)) $(KERNEL_TESTS)
 	PYTHONPATH=$(abspath src) $(COMPAT)/bin/python -m pytest -q -p no:cacheprovider tests/model/test_transformers_compat.py \
 		tests/model/test_remote_code.py
+	PYTHONPATH=$(abspath src):$(abspath $(COMPAT_KERNELS)) $(COMPAT)/bin/python -m pytest -q -p no:cacheprovider \
+		tests/integrations/test_kernel_hub.py
 
 # Serving with vLLM (tests/serving, docs/serving.md): its own environment, .venv-serving, from
 # requirements/serving-cpu.lock (vLLM's CPU build, the Transformers it pins, torch 2.13.0+cpu), installed without
@@ -312,6 +318,11 @@ confirm: $(STAMP)
 # GPU machine, which can build no venv, run benchmarks/gpu_check_device.sh instead (docs/kernel.md).
 gpu-check: $(STAMP)
 	$(PY) benchmarks/gpu_check.py --out runs/gpu-check-$(shell date +%Y%m%d-%H%M%S)
+
+# The Hub kernel repository, generated from src/gated_qwen/kernel/ (the layout Hugging Face's `kernels` loads; never
+# edited by hand, the same bytes every run): build/kernel-repo, replaced whole. Publishing it: docs/kernel.md.
+kernel-repo: $(STAMP)
+	$(PY) -m gated_qwen.integrations.kernel_hub build/kernel-repo --overwrite
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -59,16 +59,17 @@ class KernelLaunch:
 
 @contextlib.contextmanager
 def kernel_launches() -> Iterator[list[KernelLaunch]]:
-    """Records every call that the `gated_triton` backend makes to the fused kernel while the block runs.
+    """Records every call that the `gated_triton` backend (`kernel/attention.py`'s attention function) makes to the
+    fused kernel while the block runs.
 
     The backend falls back to SDPA + a separate gate when the kernel fails its first-use self-check, and the
     fallback gives the same logits: a test of the kernel path must also assert that the kernel ran, e.g.
     `assert len(launches) == config.num_hidden_layers` for one forward. The self-check calls the kernel directly,
     not through the backend, so its calls are not recorded."""
-    from gated_qwen.integrations import gated_triton
+    from gated_qwen.kernel import attention
 
     launches: list[KernelLaunch] = []
-    kernel = gated_triton.gated_attention
+    kernel = attention.gated_attention
 
     def spy(q, k, v, gate=None, **kwargs):
         packed = kwargs.get("cu_seqlens_q") is not None
@@ -77,7 +78,7 @@ def kernel_launches() -> Iterator[list[KernelLaunch]]:
         return kernel(q, k, v, gate, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(gated_triton, "gated_attention", spy)
+        patch.setattr(attention, "gated_attention", spy)
         yield launches
 
 

@@ -124,7 +124,9 @@ def test_a_saved_folder_ships_the_model_folder_and_nothing_of_the_package(tmp_pa
             if isinstance(node, (ast.FunctionDef, ast.Name, ast.Attribute)):
                 name = getattr(node, "name", None) or getattr(node, "id", None) or getattr(node, "attr", None)
                 assert name not in PACKAGE_HOOKS | AUTO_REGISTRATION, (path.name, name, node.lineno)
-        assert "gated_qwen" not in get_imports(path), path.name  # what trust_remote_code demands to be installed
+        # What trust_remote_code demands to be installed: neither the package, nor what the fused kernel needs
+        # (`kernels`, for the Hub kernel config.json may name, is imported only inside try).
+        assert not {"gated_qwen", "kernels", "triton"} & set(get_imports(path)), path.name
     auto_map = json.loads((tmp_path / "config.json").read_text())["auto_map"]
     assert {ref.split(".")[0] + ".py" for ref in auto_map.values()} <= shipped
 
@@ -137,10 +139,13 @@ def test_the_package_registers_its_kernel_reader_and_push_for_the_shipped_classe
 
     from gated_qwen.conversion import loading
     from gated_qwen.integrations import gated_triton, hub
+    from gated_qwen.kernel import attention
 
     registered = ALL_ATTENTION_FUNCTIONS[gating.FUSED_ATTENTION]
     assert registered is gated_triton.gated_triton_attention_forward and gating.applies_output_gate(registered)
+    assert registered is attention.gated_attention_forward  # the kernel's own, which the Hub kernel carries too
     assert registered.runs_by_default is gated_triton.runs_by_default
+    assert attention.ATTENTION_NAME == gating.FUSED_ATTENTION  # the name the kernel's messages use
     assert not gating.applies_output_gate(ALL_ATTENTION_FUNCTIONS["sdpa"])
     base = modeling_gated.GatedQwenPreTrainedModel
     assert base.push_to_hub is hub.model_push_to_hub

@@ -20,6 +20,7 @@ from transformers import DataCollatorWithFlattening
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, kernel
 from gated_qwen.integrations import gated_triton
+from gated_qwen.kernel import attention
 
 if not kernel.triton_available():
     pytest.skip("no CUDA device and TRITON_INTERPRET was not set before import", allow_module_level=True)
@@ -177,13 +178,13 @@ def test_default_implementation(monkeypatch):
     sliding = tiny(use_sliding_window=True, sliding_window=8, max_window_layers=0)
     assert not gated_triton.runs_by_default(sliding)
     assert not gated_triton.runs_by_default(tiny(attention_dropout=0.1))
-    monkeypatch.setattr(gated_triton, "triton_available", lambda: False)
+    monkeypatch.setattr(attention, "triton_available", lambda: False)
     assert not gated_triton.runs_by_default(config)
 
 
 def test_unsupported_inputs_fall_back_to_the_reference(monkeypatch):
     sdpa, fused = model_pair()
-    monkeypatch.setattr(gated_triton, "gated_attention_unsupported_reason", lambda *a, **k: "pretend no Triton")
+    monkeypatch.setattr(attention, "gated_attention_unsupported_reason", lambda *a, **k: "pretend no Triton")
     with kernel_launches() as launches:
         assert_same(sdpa, fused, input_ids=ids())
     assert not launches

@@ -37,12 +37,18 @@ def test_interpret_mode_checks_measures_and_writes_its_results(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["results.json", "results.md"]
     results = json.loads((out / "results.json").read_text())
     assert results["passed"] and results["environment"]["gpu"].startswith("none")
-    assert results["skipped"] == [] and set(results["phase_seconds"]) == {"correctness", "throughput", "end to end"}
+    assert results["skipped"] == [] and set(results["phase_seconds"]) == {"correctness", "hub kernel", "throughput",
+                                                                           "end to end"}
     rows = results["correctness"]
     layouts = {row["case"].split()[-3] for row in rows}
     assert layouts == {"dense", "varlen", "decode", "varlen-decode"} and all(row["ok"] for row in rows)
     assert all(set(row["errors"]) >= {"out"} for row in rows)
     assert any(set(row["errors"]) == {"out", "dq", "dk", "dv", "dgate"} for row in rows)
+    # The Hub kernel built from the same source, loaded by kernels: its own module, correct, equal to the package's.
+    hub = results["hub_kernel"]
+    assert len(hub) == len(gpu_check.hub_kernel_problems(True)) and all(row["ok"] for row in hub)
+    assert all(row["module"].startswith("_gated_qwen_kernel_") and row["vs_package"] <= 1e-3 for row in hub)
+    assert all(set(row["errors"]) == {"out", "dq", "dk", "dv", "dgate"} for row in hub)
     for row in results["throughput"]:
         assert len(row["kernel"]) == 3 and len(row["sdpa_gate"]) == 3 and all(x > 0 for x in row["kernel"])
     e2e = results["end_to_end"]
@@ -51,7 +57,7 @@ def test_interpret_mode_checks_measures_and_writes_its_results(tmp_path):
     assert e2e["self_check"] and set(e2e["self_check"].values()) == {"passed"}
     report = (out / "results.md").read_text()
     assert report.strip() in result.stdout  # the markdown is also printed
-    for heading in ("#### Correctness", "#### Kernel TFLOP/s", "#### End to end"):
+    for heading in ("#### Correctness", "#### Hub kernel", "#### Kernel TFLOP/s", "#### End to end"):
         assert heading in report
 
 
@@ -61,8 +67,10 @@ def test_a_budget_too_short_for_any_work_skips_all_of_it_and_lists_it(tmp_path):
     result = run("--interpret", "--budget", "1", "--out", str(out), cwd=tmp_path)
     assert result.returncode == 3, result.stdout[-3000:] + result.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
-    assert results["correctness"] == [] and results["throughput"] == [] and "end_to_end" not in results
+    assert results["correctness"] == results["hub_kernel"] == results["throughput"] == []
+    assert "end_to_end" not in results
     labels = [p.label for p in gpu_check.correctness_grid(True)]
+    labels += [f"hub kernel {p.label}" for p in gpu_check.hub_kernel_problems(True)]
     labels += [f"throughput S={p.seq}" for p in gpu_check.throughput_problems(True)] + ["end to end"]
     assert len(results["skipped"]) == len(labels)
     for skipped, label in zip(results["skipped"], labels):

@@ -102,7 +102,9 @@ def test_the_device_command_passes_in_the_gpu_image_with_only_the_device_wheels(
     wheels = sorted(WHEELS.glob("*.whl"))
     wanted = pins(ROOT / "requirements" / "device-wheels.txt")
     assert sorted(re.sub(r"_", "-", w.name.split("-")[0]).lower() for w in wheels) == sorted(wanted)
-    assert all(w.name.endswith("-py3-none-any.whl") for w in wheels)  # install on the image's 3.12 and here
+    # They install on the image's 3.12 and here: pure Python, or (kernels) CPython's stable ABI on x86_64 Linux.
+    assert all(w.name.endswith(("-py3-none-any.whl", "-abi3-manylinux_2_17_x86_64.manylinux2014_x86_64.whl"))
+               for w in wheels), [w.name for w in wheels]
     tracked = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
                              capture_output=True, text=True, check=True).stdout.split("\0")
     tree = sum((ROOT / p).stat().st_size for p in tracked if p and (ROOT / p).is_file())
@@ -119,6 +121,7 @@ def test_the_device_command_passes_in_the_gpu_image_with_only_the_device_wheels(
     assert f"transformers {wanted['transformers']} (wheels)" in log
     assert f"huggingface_hub {wanted['huggingface-hub']} (wheels)" in log
     assert f"httpx2 {wanted['httpx2']} (wheels)" in log
+    assert f"kernels {wanted['kernels']} (wheels)" in log
     assert f"triton {image['triton']} ({Path(sys.executable).parents[1]}" in log
     assert f"gated_qwen 0.1.0 ({ROOT / 'src'})" in log
     results = json.loads((out / "results.json").read_text())
@@ -126,5 +129,8 @@ def test_the_device_command_passes_in_the_gpu_image_with_only_the_device_wheels(
     assert results["environment"]["triton"] == image["triton"]
     assert results["environment"]["transformers"] == wanted["transformers"]
     assert len(results["correctness"]) == 5 and all(row["ok"] for row in results["correctness"])
+    # The Hub kernel (make kernel-repo's layout, generated there) loaded through kernels.get_local_kernel, held to the
+    # reference and to the package's kernel: what the first GPU run checks beside the package's path.
+    assert len(results["hub_kernel"]) == 2 and all(row["ok"] for row in results["hub_kernel"])
     assert set(results["end_to_end"]["self_check"].values()) == {"passed"}
     assert (out / "results.md").read_text().strip() in log

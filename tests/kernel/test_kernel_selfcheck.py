@@ -13,8 +13,7 @@ pytest.importorskip("triton")
 from helpers import KernelLaunch, kernel_launches
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, kernel
-from gated_qwen.integrations import gated_triton
-from gated_qwen.kernel import inputs, parallel
+from gated_qwen.kernel import attention, inputs, parallel
 from gated_qwen.kernel.selfcheck import LAYOUTS, Combination, combination_of, self_check
 
 if not kernel.triton_available():
@@ -70,8 +69,8 @@ def assert_same_as_sdpa(sdpa, fused, input_ids):
 def fresh_verdicts(monkeypatch):
     """No combination checked yet, the default mode, and the backend's warnings captured."""
     verdicts = {}
-    monkeypatch.setattr(gated_triton, "SELF_CHECK_VERDICTS", verdicts)
-    monkeypatch.delenv(gated_triton.KERNEL_MODE_VARIABLE, raising=False)
+    monkeypatch.setattr(attention, "SELF_CHECK_VERDICTS", verdicts)
+    monkeypatch.delenv(attention.KERNEL_MODE_VARIABLE, raising=False)
     return verdicts
 
 
@@ -107,7 +106,7 @@ def self_check_warnings(caplog):
 def test_broken_kernel_falls_back_to_sdpa_and_warns_once(monkeypatch, caplog, fresh_verdicts, kernel_calls, how):
     break_forward(monkeypatch, how)
     sdpa, fused = model_pair()
-    with caplog.at_level(logging.WARNING, logger=gated_triton.logger.name):
+    with caplog.at_level(logging.WARNING, logger=attention.logger.name):
         for step in range(2):  # the second step reuses the verdict: no second check, no second warning
             assert_same_as_sdpa(sdpa, fused, ids(seed=step))
     warnings = self_check_warnings(caplog)
@@ -135,7 +134,7 @@ def test_a_failing_combination_does_not_disable_the_others(monkeypatch, caplog, 
     input_ids = ids(batch=2, length=10, seed=4)
     kwargs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "max_new_tokens": 5,
               "do_sample": False, "pad_token_id": 0}
-    with torch.no_grad(), caplog.at_level(logging.WARNING, logger=gated_triton.logger.name):
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger=attention.logger.name):
         expected = sdpa.generate(**kwargs)
         tokens = fused.generate(**kwargs)
     assert torch.equal(tokens, expected)
@@ -225,7 +224,7 @@ def test_fp32_on_a_gpu_is_refused_with_the_dtypes_to_use_and_runs_sdpa(monkeypat
     assert "fp32" in reason and "torch.bfloat16" in reason and "torch.float16" in reason
     assert inputs.gated_attention_unsupported_reason(q.half(), q.half(), q.half()) is None
     sdpa, fused = model_pair()
-    with caplog.at_level(logging.WARNING, logger=gated_triton.logger.name):
+    with caplog.at_level(logging.WARNING, logger=attention.logger.name):
         assert_same_as_sdpa(sdpa, fused, ids())
     assert not kernel_calls
     assert any("bfloat16" in r.getMessage() and "SDPA" in r.getMessage() for r in caplog.records)

@@ -63,6 +63,12 @@ def test_paper_aliases(alias, name):
         (dict(gate_input_dependent=False, gate_bias=True), "gate_bias", "redundant"),
         (dict(gate_position=None, gate_granularity="headwise"), "gate_granularity", "no effect"),
         (dict(gate_position=None, gate_layers=[0]), "gate_layers", "no effect"),
+        # the Hub kernel of a saved folder: a repository id and a commit of it, both or neither
+        (dict(hub_kernel_repo="gated-qwen-kernel", hub_kernel_revision="0" * 40), "hub_kernel_repo", "'owner/name'"),
+        (dict(hub_kernel_repo="org/kernel", hub_kernel_revision="main"), "hub_kernel_revision", "not a branch"),
+        (dict(hub_kernel_repo="org/kernel", hub_kernel_revision="ABCDEF" + "0" * 34), "hub_kernel_revision", "40"),
+        (dict(hub_kernel_repo="org/kernel"), "hub_kernel_revision", "both, or neither"),
+        (dict(hub_kernel_revision="0" * 40), "hub_kernel_repo", "both, or neither"),
     ],
 )
 def test_refusals_name_the_field_and_the_fix(fields, named, allowed):
@@ -83,6 +89,8 @@ def test_refusals_name_the_field_and_the_fix(fields, named, allowed):
         ("gate_layers", [], "non-empty"),
         ("sdpa_output_transform", "layernorm", "'rmsnorm'"),
         ("head_dim", 7, "even"),
+        ("hub_kernel_repo", "org/kernel/extra", "'owner/name'"),
+        ("hub_kernel_revision", "v1", "commit hash"),
     ],
 )
 def test_assignment_after_construction_is_checked(field, value, allowed):
@@ -105,6 +113,20 @@ def test_rules_across_fields_are_checked_by_validate_after_assignment():
     c.num_key_value_heads = 3
     with pytest.raises(CONFIG_ERRORS, match="divide"):
         c.validate()
+
+
+def test_a_hub_kernel_is_set_at_save_time_and_empty_by_default(tmp_path):
+    """`hub_kernel_repo` / `hub_kernel_revision` (docs/kernel.md): None by default, set on a built config together,
+    written to config.json and read back; one without the other is refused by `validate()` (save_pretrained)."""
+    c = config()
+    assert (c.hub_kernel_repo, c.hub_kernel_revision) == (None, None)
+    c.hub_kernel_repo = "org/gated-qwen-kernel"
+    with pytest.raises(CONFIG_ERRORS, match="needs `hub_kernel_revision` too"):
+        c.validate()
+    c.hub_kernel_revision = "0123456789abcdef" * 2 + "01234567"
+    c.save_pretrained(tmp_path)
+    again = GatedQwenConfig.from_pretrained(tmp_path)
+    assert (again.hub_kernel_repo, again.hub_kernel_revision) == (c.hub_kernel_repo, c.hub_kernel_revision)
 
 
 def test_assigned_paper_names_are_stored_as_the_config_names():

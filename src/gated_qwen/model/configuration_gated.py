@@ -10,6 +10,7 @@ This file is copied to the Hugging Face Hub beside `modeling_gated.py` and `mode
 only.
 """
 
+import re
 from typing import Any, ClassVar, Literal
 
 from huggingface_hub.dataclasses import strict, validated_field
@@ -140,6 +141,24 @@ def _layer_list(name: str, meaning: str):
     return check
 
 
+# A Hub repository id, `owner/name` (huggingface_hub's rule: letters, digits, `-`, `_`, `.`; at most 96 characters).
+_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def _hub_kernel_repo(value) -> None:
+    if value is not None and not (isinstance(value, str) and len(value) <= 96 and _REPO_ID.fullmatch(value)
+                                  and ".." not in value and "--" not in value):
+        raise ValueError(f"`hub_kernel_repo` must be None (no Hub kernel) or the id of a Hub kernel repository, "
+                         f"'owner/name' (e.g. the one `make kernel-repo` builds, once uploaded), got {value!r}.")
+
+
+def _hub_kernel_revision(value) -> None:
+    if value is not None and not (isinstance(value, str) and re.fullmatch(r"[0-9a-f]{40}", value)):
+        raise ValueError(f"`hub_kernel_revision` must be None (no Hub kernel) or the full commit hash (40 lower-case "
+                         f"hex digits) of the Hub kernel to load: a pinned revision, not a branch or tag, got "
+                         f"{value!r}.")
+
+
 @strict
 class GatedQwenConfig(Qwen3Config):
     r"""
@@ -173,6 +192,11 @@ class GatedQwenConfig(Qwen3Config):
     sdpa_output_transform (`str` or `None`, defaults to `None`):
         The paper's two non-gate controls on the SDPA output (table 3), only without a gate: `"rmsnorm"` (a per-head
         RMSNorm with a learned `head_dim` weight) or `"silu"` (a parameter-free SiLU).
+    hub_kernel_repo (`str` or `None`, defaults to `None`), hub_kernel_revision (`str` or `None`, defaults to `None`):
+        The Hub kernel a saved folder's own code uses as its default attention on a CUDA GPU where the gated_qwen
+        package is not installed and Hugging Face's `kernels` is: a kernel repository id (`"owner/name"`, built by
+        `make kernel-repo`) and the commit to load (40 hex digits). Both or neither; `None`: no Hub kernel. The
+        package, where it is imported, uses its own kernel and ignores them.
 
     Example:
     ```python
@@ -207,6 +231,9 @@ class GatedQwenConfig(Qwen3Config):
     gate_bias: bool = DEFAULTS["gate_bias"]
     gate_layers: list[int] | None = validated_field(_layer_list("gate_layers", "every layer"), default=None)
     sdpa_output_transform: Literal[SDPA_OUTPUT_TRANSFORMS] | None = None
+    # The Hub kernel of a saved folder without the package (docs/kernel.md).
+    hub_kernel_repo: str | None = validated_field(_hub_kernel_repo, default=None)
+    hub_kernel_revision: str | None = validated_field(_hub_kernel_revision, default=None)
 
     base_model_pp_plan: ClassVar[dict[str, Any]] = {
         "embed_tokens": (["input_ids"], ["inputs_embeds"]),
@@ -293,6 +320,16 @@ class GatedQwenConfig(Qwen3Config):
             raise ValueError(
                 "`gate_bias`=True is redundant with `gate_input_dependent`=False: the input-independent gate is "
                 "already a learned constant logit. Set `gate_bias` to False."
+            )
+
+    def validate_hub_kernel(self) -> None:
+        """A Hub kernel is a repository and a commit of it: both or neither."""
+        if (self.hub_kernel_repo is None) != (self.hub_kernel_revision is None):
+            given, missing = (("hub_kernel_repo", "hub_kernel_revision") if self.hub_kernel_revision is None
+                              else ("hub_kernel_revision", "hub_kernel_repo"))
+            raise ValueError(
+                f"`{given}`={getattr(self, given)!r} needs `{missing}` too: a Hub kernel is a repository id and the "
+                f"commit of it to load (both, or neither for no Hub kernel)."
             )
 
     # ------------------------------------------------------------------------------------------- plans
