@@ -6,8 +6,8 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PIP     = $(1)/bin/python -m pip install --quiet --disable-pip-version-check
-EXTRAS := triton,peft,analysis,quant,gguf,dev
-IMPORTS := import torch, transformers, gated_qwen, peft, triton, hypothesis, matplotlib, scipy, optimum.quanto, torchao, gguf
+EXTRAS := triton,peft,analysis,quant,gguf,kernels,dev
+IMPORTS := import torch, transformers, gated_qwen, peft, triton, hypothesis, matplotlib, scipy, optimum.quanto, torchao, gguf, kernels
 
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 LOCK    := requirements/$(if $(HAS_GPU),cuda,cpu).lock
@@ -18,7 +18,7 @@ TORCH_INDEX ?=
 QUIET := 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
 
 .PHONY: setup test test-fast test-latest test-compat device-wheels test-serving bench-serving lock-serving demo confirm lint lock clean \
-	gpu-check test-distributed lock-distributed test-llama
+	gpu-check test-distributed lock-distributed test-llama test-mlx test-onnx bench-local kernel-repo
 
 setup: $(STAMP)
 
@@ -76,12 +76,16 @@ $(DEVICE_WHEELS)/.complete: requirements/device-wheels.txt
 # The GPU machine's image on this CPU (requirements/compat.lock: Triton 3.6.0, transformers 5.17.0, huggingface_hub
 # 1.33.0 beside torch 2.13.0+cpu) with nothing of the project installed: the kernel tests, the ahead-of-time grid and
 # benchmarks/gpu_check_device.sh --interpret (tests marked compat) run with src/ and the device wheels on PYTHONPATH;
-# then the Transformers seam's tests with src/ alone, under the image's own transformers 5.17.
+# then the Transformers seam's tests and the shipped code's loading promises (tests/model/test_remote_code.py) with src/
+# alone, under the image's own transformers 5.17; then the Hub kernel's tests (a saved folder's own code loading it)
+# under 5.17 with kernels alone added.
 COMPAT       := .venv-compat
 COMPAT_STAMP := $(COMPAT)/.installed
 COMPAT_SITE  := $(COMPAT)/device-site
-KERNEL_TESTS := tests/test_triton_kernel.py tests/test_triton_backend.py tests/test_kernel_selfcheck.py \
-	tests/test_kernel_aot.py tests/test_gpu_check.py tests/test_gpu_check_device.py
+COMPAT_KERNELS := $(COMPAT)/kernels-site
+KERNEL_TESTS := tests/kernel/test_triton_kernel.py tests/integrations/test_gated_triton.py tests/kernel/test_kernel_selfcheck.py \
+	tests/kernel/test_kernel_aot.py tests/kernel/test_gpu_check.py tests/kernel/test_gpu_check_device.py \
+	tests/integrations/test_kernel_hub.py
 
 $(COMPAT_STAMP): requirements/compat.lock
 	rm -rf $(COMPAT) && $(PYTHON) -m venv $(COMPAT)
@@ -90,10 +94,14 @@ $(COMPAT_STAMP): requirements/compat.lock
 	touch $(COMPAT_STAMP)
 
 test-compat: $(COMPAT_STAMP) $(DEVICE_WHEELS)/.complete
-	rm -rf $(COMPAT_SITE)
+	rm -rf $(COMPAT_SITE) $(COMPAT_KERNELS)
 	$(call PIP,$(COMPAT)) --no-index --no-deps --target $(COMPAT_SITE) $(DEVICE_WHEELS)/*.whl $(QUIET)
+	$(call PIP,$(COMPAT)) --no-index --no-deps --target $(COMPAT_KERNELS) $(DEVICE_WHEELS)/kernels-*.whl $(QUIET)
 	PYTHONPATH=$(abspath $(COMPAT_SITE)):$(abspath src) $(call PYTEST,$(COMPAT)) $(KERNEL_TESTS)
-	PYTHONPATH=$(abspath src) $(COMPAT)/bin/python -m pytest -q -p no:cacheprovider tests/test_transformers_compat.py
+	PYTHONPATH=$(abspath src) $(COMPAT)/bin/python -m pytest -q -p no:cacheprovider tests/model/test_transformers_compat.py \
+		tests/model/test_remote_code.py
+	PYTHONPATH=$(abspath src):$(abspath $(COMPAT_KERNELS)) $(COMPAT)/bin/python -m pytest -q -p no:cacheprovider \
+		tests/integrations/test_kernel_hub.py
 
 # Serving with vLLM (tests/serving, docs/serving.md): its own environment, .venv-serving, from
 # requirements/serving-cpu.lock (vLLM's CPU build, the Transformers it pins, torch 2.13.0+cpu), installed without
@@ -116,7 +124,7 @@ $(SERVING_STAMP): $(SERVING_LOCK) requirements/serving_torchvision_ops.py pyproj
 	site=$$($(SERVING_PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") && \
 		cp requirements/serving_torchvision_ops.py "$$site/" && \
 		echo "import serving_torchvision_ops" > "$$site/serving_torchvision_ops.pth"
-	$(SERVING_PY) -c "import vllm.model_executor.models.qwen3_5, vllm.entrypoints.openai.api_server, pytest, openai, gated_qwen.vllm_plugin"
+	$(SERVING_PY) -c "import vllm.model_executor.models.qwen3_5, vllm.entrypoints.openai.api_server, pytest, openai, gated_qwen.integrations.vllm_plugin"
 	touch $(SERVING_STAMP)
 
 # Three processes: vLLM changes the model classes it serves for good (torch.compile decorators), and its plugins import
@@ -128,7 +136,7 @@ test-serving: $(STAMP) $(SERVING_STAMP)
 	$(SERVING_ENV) VLLM_PLUGINS=none $(SERVING_PY) -m pytest -q -p no:cacheprovider tests/serving \
 		--ignore=tests/serving/test_plugin.py
 	$(SERVING_ENV) $(SERVING_PY) -m pytest -q -p no:cacheprovider tests/serving/test_plugin.py
-	$(SERVING_PY) -m pytest -q -p no:cacheprovider tests/test_transformers_compat.py
+	$(SERVING_PY) -m pytest -q -p no:cacheprovider tests/model/test_transformers_compat.py tests/model/test_remote_code.py
 
 # tokens/s of the native folder (Transformers backend), its Qwen3.5 export (vLLM's own model) and `generate`, in one
 # run, interleaved; see benchmarks/serving_speed.py and benchmarks/RESULTS.md.
@@ -147,8 +155,8 @@ lock-serving:
 	rm -rf $(LOCK_VENV)
 
 # Scale-out training through `accelerate launch` with the configs of examples/accelerate/ (docs/training.md), on 2 CPU
-# processes with gloo, against one process: DDP and FSDP2 (tests/test_accelerate.py, also in `make test`), DeepSpeed
-# ZeRO-2/3 (tests/distributed/), and torchrun's tensor parallelism and fully_shard (tests/test_distributed.py). Its own
+# processes with gloo, against one process: DDP and FSDP2 (tests/integrations/test_accelerate.py, also in `make test`), DeepSpeed
+# ZeRO-2/3 (tests/distributed/), and torchrun's tensor parallelism and fully_shard (tests/integrations/test_distributed.py). Its own
 # environment, .venv-distributed: requirements/cpu.lock, then requirements/distributed-cpu.lock (DeepSpeed, a source
 # distribution: built without compiling its operators, DS_BUILD_OPS=0, against the lock's torch), then this package.
 DIST       := .venv-distributed
@@ -164,7 +172,7 @@ $(DIST_STAMP): requirements/cpu.lock $(DIST_LOCK) pyproject.toml Makefile
 	touch $(DIST_STAMP)
 
 test-distributed: $(DIST_STAMP)
-	$(call PYTEST,$(DIST)) tests/distributed tests/test_accelerate.py tests/test_distributed.py
+	$(call PYTEST,$(DIST)) tests/distributed tests/integrations/test_accelerate.py tests/integrations/test_distributed.py
 
 # Rewrites requirements/distributed-cpu.lock: pip's resolution of this package's `distributed` extra constrained by
 # requirements/cpu.lock, frozen, less what cpu.lock pins (the header is kept). Then `make test-distributed`.
@@ -216,6 +224,67 @@ $(LLAMA_STAMP): requirements/cpu.lock $(LLAMA_LOCK) pyproject.toml Makefile | $(
 test-llama: $(LLAMA_STAMP)
 	$(LLAMA_PY) -m pytest -q -p no:cacheprovider tests/llama
 
+# Local inference with MLX (tests/mlx, docs/local.md): its own environment, .venv-mlx, from requirements/cpu.lock and
+# requirements/mlx.lock (mlx with its CPU backend, mlx-lm), then this package. mlx's Linux wheels run the same code as
+# on Apple silicon, on the CPU; about a minute to install with pip's cache warm.
+MLX       := .venv-mlx
+MLX_PY    := $(MLX)/bin/python
+MLX_STAMP := $(MLX)/.installed
+MLX_LOCK  := requirements/mlx.lock
+
+$(MLX_STAMP): requirements/cpu.lock $(MLX_LOCK) pyproject.toml Makefile
+	test -x $(MLX_PY) || $(PYTHON) -m venv $(MLX)
+	$(call PIP,$(MLX)) $(TORCH_INDEX) -r requirements/cpu.lock -r $(MLX_LOCK) $(QUIET)
+	$(call PIP,$(MLX)) --no-deps --no-build-isolation -e . $(QUIET)
+	$(MLX_PY) -c "import mlx.core, mlx_lm, gated_qwen"
+	touch $(MLX_STAMP)
+
+test-mlx: $(MLX_STAMP)
+	$(MLX_PY) -m pytest -q -p no:cacheprovider tests/mlx
+
+# Local inference with ONNX Runtime (tests/onnx, docs/local.md): its own environment, .venv-onnx, from
+# requirements/cpu.lock and requirements/onnx.lock (onnx, ONNX Runtime and what its quantizer needs), then this
+# package. About a minute to install with pip's cache warm.
+ONNX       := .venv-onnx
+ONNX_PY    := $(ONNX)/bin/python
+ONNX_STAMP := $(ONNX)/.installed
+ONNX_LOCK  := requirements/onnx.lock
+
+$(ONNX_STAMP): requirements/cpu.lock $(ONNX_LOCK) pyproject.toml Makefile
+	test -x $(ONNX_PY) || $(PYTHON) -m venv $(ONNX)
+	$(call PIP,$(ONNX)) $(TORCH_INDEX) -r requirements/cpu.lock -r $(ONNX_LOCK) $(QUIET)
+	$(call PIP,$(ONNX)) --no-deps --no-build-isolation -e . $(QUIET)
+	$(ONNX_PY) -c "import onnx, onnxruntime, onnxruntime.quantization, gated_qwen"
+	touch $(ONNX_STAMP)
+
+# Optimum's ORTModelForCausalLM runs the --to onnx folders in .venv-optimum, with the Transformers optimum-onnx
+# requires (<4.58; gated-qwen needs 5: not installed there): requirements/optimum.lock, a full freeze.
+OPTIMUM       := .venv-optimum
+OPTIMUM_STAMP := $(OPTIMUM)/.installed
+
+$(OPTIMUM_STAMP): requirements/optimum.lock
+	test -x $(OPTIMUM)/bin/python || $(PYTHON) -m venv $(OPTIMUM)
+	$(call PIP,$(OPTIMUM)) $(TORCH_INDEX) -r requirements/optimum.lock $(QUIET)
+	$(OPTIMUM)/bin/python -c "import optimum.onnxruntime, transformers; assert transformers.__version__ == '4.57.6'"
+	touch $(OPTIMUM_STAMP)
+
+# Transformers.js in Node runs them too: tests/onnx/js/node_modules from its package-lock.json (npm ci; install
+# scripts off: onnxruntime-node's would fetch GPU libraries, its CPU one is in the package).
+ONNX_JS := tests/onnx/js/node_modules/.installed
+
+$(ONNX_JS): tests/onnx/js/package-lock.json
+	cd tests/onnx/js && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
+	touch $(ONNX_JS)
+
+test-onnx: $(ONNX_STAMP) $(OPTIMUM_STAMP) $(ONNX_JS)
+	GATED_QWEN_OPTIMUM_PYTHON=$(CURDIR)/$(OPTIMUM)/bin/python $(ONNX_PY) -m pytest -q -p no:cacheprovider tests/onnx
+
+# tokens/s of one gated model in Transformers' generate, llama.cpp, MLX (CPU) and ONNX Runtime, float32 and each
+# engine's own quantization, in one run, interleaved; see benchmarks/local_speed.py and benchmarks/RESULTS.md.
+bench-local: $(STAMP) $(LLAMA_STAMP) $(MLX_STAMP) $(ONNX_STAMP)
+	rm -rf runs/bench-local && $(ONNX_PY) benchmarks/local_speed.py build runs/bench-local
+	$(PY) benchmarks/local_speed.py run runs/bench-local --repeats 7 --threads 1
+
 # Rewrites the lock files: cpu and cuda from pyproject.toml with the newest releases it allows, compat from
 # requirements/compat.in (uv's resolver, in a tools venv).
 # Then `make test` (and `make test-latest` passed) before committing the new locks.
@@ -252,8 +321,13 @@ confirm: $(STAMP)
 gpu-check: $(STAMP)
 	$(PY) benchmarks/gpu_check.py --out runs/gpu-check-$(shell date +%Y%m%d-%H%M%S)
 
+# The Hub kernel repository, generated from src/gated_qwen/kernel/ (the layout Hugging Face's `kernels` loads; never
+# edited by hand, the same bytes every run): build/kernel-repo, replaced whole. Publishing it: docs/kernel.md.
+kernel-repo: $(STAMP)
+	$(PY) -m gated_qwen.integrations.kernel_hub build/kernel-repo --overwrite
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 
 clean:
-	rm -rf $(VENV) $(LATEST) $(TOOLS) $(SERVING) $(COMPAT) $(DIST) $(LLAMA) $(DEVICE_WHEELS) build src/*.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(LATEST) $(TOOLS) $(SERVING) $(COMPAT) $(DIST) $(LLAMA) $(MLX) $(ONNX) $(OPTIMUM) tests/onnx/js/node_modules $(DEVICE_WHEELS) build src/*.egg-info .pytest_cache .hypothesis

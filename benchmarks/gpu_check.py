@@ -3,6 +3,10 @@
 1. Correctness over the grid (exit status 1 on any failure): head dims 64/128/256, fp16/bf16, causal/non-causal,
    gate none/elementwise/headwise, dense, packed varlen with unequal query/key lengths, decode against a cache,
    GQA 1/4/8; output and every gradient against the PyTorch reference in fp64.
+   Then the Hub kernel (exit status 1 on any failure): the repository `make kernel-repo` builds from the same source
+   (`gated_qwen.integrations.kernel_hub`, written to a temporary folder), loaded with `kernels.get_local_kernel` as
+   a saved folder's own code loads it from the Hub; its `gated_attention` on a few of the grid's cases against the
+   fp64 reference, and its output against the package's `gated_attention` on the same inputs.
 2. Kernel throughput, TFLOP/s forward, backward and forward+backward (bf16, causal, D=128, 16 heads, B·S = 16k
    tokens, S = 1k…16k): the kernel; PyTorch SDPA (fastest of its flash / cuDNN / memory-efficient backends) followed by
    a separate `* sigmoid(gate)`, as Transformers applies the gate; FlashAttention + gate when `flash_attn` is installed.
@@ -32,6 +36,7 @@ GPU (one line on stderr), 3 every check run passed but some were skipped (budget
 import argparse
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -52,7 +57,7 @@ BOUND = {"fp16": 5e-3, "bf16": 4e-2, "fp32": 1e-5}
 # What a piece of work is expected to take on an H200 after the parallel compilation (first-use autotuning
 # included): one starts only while the budget left covers it. Estimates from the counts (65 cases, 290 tuner
 # configurations benchmarked at about 0.15 s each, 12 timed functions per sequence length), not yet measured.
-EXPECTED_SECONDS = {"correctness case": 3, "throughput size": 15, "end to end": 90}
+EXPECTED_SECONDS = {"correctness case": 3, "hub kernel case": 10, "throughput size": 15, "end to end": 90}
 
 
 class Budget:
@@ -291,10 +296,13 @@ def compile_ahead(problems: list[Problem], jobs: int, seconds: float) -> dict:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def check(problem: Problem, device: str) -> dict:
+def check(problem: Problem, device: str, gated_attention=None) -> dict:
+    """One case: `gated_attention` (default: the package's kernel) against the fp64 reference, output and every
+    gradient."""
+    from gated_qwen.kernel import naive_gated_attention
 
-    from gated_qwen.kernel import gated_attention, naive_gated_attention
-
+    if gated_attention is None:
+        from gated_qwen.kernel import gated_attention
     q, k, v, gate, dy, kwargs = build(problem, device)
     inputs = [t for t in (q, k, v, gate) if t is not None]
     names = ["dq", "dk", "dv"] + (["dgate"] if gate is not None else [])
@@ -322,6 +330,55 @@ def _rel_err(actual, expected) -> float:
     if not bool(actual.isfinite().all()):
         return float("inf")
     return ((actual - expected).abs().max() / expected.abs().max().clamp_min(1e-300)).item()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 1b. The Hub kernel: built from the same source, loaded by `kernels`, held to the reference and to the package's
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def hub_kernel_problems(interpret: bool) -> list[Problem]:
+    if interpret:
+        return [Problem(64, "fp16", True, "elementwise", "dense", seq=70),
+                Problem(64, "fp32", True, "headwise", "varlen", seq=70)]
+    return [Problem(128, "bf16", True, "elementwise", "dense"), Problem(128, "bf16", True, "headwise", "varlen"),
+            Problem(128, "bf16", True, "elementwise", "decode", batch=3, seq=1000, backward=False)]
+
+
+@functools.cache
+def hub_kernel():
+    """The Hub kernel's module: `kernel_hub.write_kernel_repo` into a temporary folder (removed at exit), loaded with
+    `kernels.get_local_kernel`."""
+    import atexit
+    import shutil
+
+    import kernels
+
+    from gated_qwen.integrations import kernel_hub
+
+    folder = Path(tempfile.mkdtemp(prefix="gated-qwen-kernel-repo."))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return kernels.get_local_kernel(kernel_hub.write_kernel_repo(folder / "kernel-repo"))
+
+
+def check_hub_kernel(problem: Problem, device: str) -> dict:
+    """`check` of the Hub module's `gated_attention`, and its output against the package's on the same inputs
+    (`vs_package`: max |hub − package| / max |package|; the two copies tune separately, so not always bit-equal)."""
+    from gated_qwen.kernel import gated_attention as package_attention
+
+    try:
+        hub = hub_kernel()
+        if hub.gated_attention is package_attention:
+            raise RuntimeError("the Hub module's gated_attention is the package's")
+    except Exception as err:  # reported as a failing row
+        return {"case": problem.label, "errors": {}, "ok": False, "error": f"{type(err).__name__}: {err}"[:300]}
+    row = check(problem, device, hub.gated_attention) | {"module": hub.__name__}
+    if row["ok"]:
+        q, k, v, gate, _, kwargs = build(problem, device)
+        row["vs_package"] = _rel_err(hub.gated_attention(q, k, v, gate, **kwargs),
+                                     package_attention(q, k, v, gate, **kwargs))
+        row["ok"] = row["vs_package"] <= BOUND[problem.dtype]
+    return row
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -466,7 +523,8 @@ def end_to_end_problems(interpret: bool) -> list[Problem]:
 def end_to_end(device: str, interpret: bool, layers: int) -> dict:
     import torch
 
-    from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, gated_attention_backend
+    from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
+    from gated_qwen.kernel import attention
 
     m = model_setup(interpret)
     fields, batch, seq, prompt, new_tokens = m.fields, m.batch, m.seq, m.prompt, m.new_tokens
@@ -521,7 +579,7 @@ def end_to_end(device: str, interpret: bool, layers: int) -> dict:
                          "ratio": tokens["gated_triton"][name] / tokens["sdpa"][name],
                          "warmup_s": {attn: tokens[attn][name + "_warmup_s"] for attn in tokens}}
     result["self_check"] = {combo.describe(): ("passed" if failure is None else failure)
-                            for combo, failure in gated_attention_backend.SELF_CHECK_VERDICTS.items()}
+                            for combo, failure in attention.SELF_CHECK_VERDICTS.items()}
     return result
 
 
@@ -581,6 +639,7 @@ def markdown(results: dict) -> str:
         e = r["errors"]
         cells = [f"{e[n]:.1e}" if n in e else "-" for n in ("out", "dq", "dk", "dv", "dgate")]
         lines.append(f"| {r['case']} | {' | '.join(cells)} | {'ok' if r['ok'] else 'FAIL ' + r.get('error', '')} |")
+    lines += hub_kernel_markdown(results["hub_kernel"])
     tp = results["throughput"]
     lines.append(f"\n#### Kernel TFLOP/s (bf16, causal, D={results['throughput_setup']['head_dim']}, "
                  f"{results['throughput_setup']['heads']} heads, elementwise gate)\n")
@@ -626,6 +685,21 @@ def markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
+def hub_kernel_markdown(rows: list[dict]) -> list[str]:
+    if not rows:
+        return []
+    module = next((r["module"] for r in rows if "module" in r), "not loaded")
+    lines = [f"\n#### Hub kernel: `{module}` (make kernel-repo, kernels.get_local_kernel): "
+             f"{sum(r['ok'] for r in rows)} of {len(rows)} cases within bounds, against the fp64 reference and the "
+             "package's kernel\n", "| case | out | dq | dk | dv | dgate | vs package | ok |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        e = r["errors"]
+        cells = [f"{e[n]:.1e}" if n in e else "-" for n in ("out", "dq", "dk", "dv", "dgate")]
+        cells.append(f"{r['vs_package']:.1e}" if "vs_package" in r else "-")
+        lines.append(f"| {r['case']} | {' | '.join(cells)} | {'ok' if r['ok'] else 'FAIL ' + r.get('error', '')} |")
+    return lines
+
+
 def goal_status(rows: list[dict], device: str) -> dict:
     if device != "cuda":
         return {"forward": "not measured", "backward": "not measured", "fwd_bwd": "not measured"}
@@ -639,6 +713,29 @@ def goal_status(rows: list[dict], device: str) -> dict:
     return {"forward": verdict(all(r["kernel"][0] >= GOALS["forward_tflops"] for r in long)),
             "backward": verdict(all(r["kernel"][1] >= GOALS["backward_tflops"] for r in long)),
             "fwd_bwd": verdict(all(r["kernel"][2] >= GOALS["fwd_bwd_vs_sdpa_gate"] * r["sdpa_gate"][2] for r in long))}
+
+
+# Each phase: what its pieces of work are, their kind (EXPECTED_SECONDS) and the key of results.json they go to.
+PHASES = {"correctness": ("cases", "correctness case", "correctness"),
+          "hub kernel": ("cases", "hub kernel case", "hub_kernel"),
+          "throughput": ("sequence lengths", "throughput size", "throughput"),
+          "end to end": ("model", "end to end", "end_to_end")}
+
+
+def run_phase(phase: str, items: list, budget: Budget, ran: set, results: dict) -> None:
+    """Runs a phase's `(label, work)` items while the budget allows, into `results` as they finish (a SIGTERM keeps
+    what is done), and prints each failing correctness row."""
+    started = time.perf_counter()
+    what, kind, key = PHASES[phase]
+    print(f"{phase}: {len(items)} {what}", flush=True)
+    done = [] if key == "end_to_end" else results[key]
+    run_items(items, kind, budget, done, ran)
+    if key == "end_to_end" and done:
+        results[key] = done[0]
+    for row in done if key in ("correctness", "hub_kernel") else []:
+        if not row["ok"]:
+            print(f"  FAIL {phase} {row['case']}: {row['errors']} {row.get('error', '')}", flush=True)
+    results["phase_seconds"][phase] = round(time.perf_counter() - started, 1)
 
 
 def main(argv=None) -> int:
@@ -671,13 +768,15 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, _stop)
     results = {"command": "python benchmarks/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                "budget_seconds": args.budget, "environment": environment(device), "phase_seconds": {},
-               "correctness": [], "throughput": [], "skipped": budget.skipped}
+               "correctness": [], "hub_kernel": [], "throughput": [], "skipped": budget.skipped}
     print(f"device: {results['environment']['gpu']}", flush=True)
     grid, sizes = correctness_grid(args.interpret), throughput_problems(args.interpret)
     results["throughput_setup"] = {"head_dim": sizes[0].head_dim, "heads": sizes[0].h_q}
     layers = args.layers or (2 if args.interpret else 4)
     phases = {
         "correctness": [(p.label, lambda p=p: check(p, device)) for p in grid],
+        "hub kernel": [(f"hub kernel {p.label}", lambda p=p: check_hub_kernel(p, device))
+                       for p in hub_kernel_problems(args.interpret)],
         "throughput": [(f"throughput S={p.seq}", lambda p=p: measure_throughput(p, device)) for p in sizes],
         "end to end": [("end to end", lambda: end_to_end(device, args.interpret, layers))],
     }
@@ -696,22 +795,7 @@ def main(argv=None) -> int:
                                       f"spent; they compile on first use)")
             results["phase_seconds"]["compile"] = results["compile"]["seconds"]
         for phase, items in phases.items():
-            phase_started = time.perf_counter()
-            what = {"correctness": "cases", "throughput": "sequence lengths", "end to end": "model"}[phase]
-            print(f"{phase}: {len(items)} {what}", flush=True)
-            done = []
-            run_items(items, {"correctness": "correctness case", "throughput": "throughput size",
-                              "end to end": "end to end"}[phase], budget, done, ran)
-            if phase == "correctness":
-                results["correctness"] = done
-                for row in done:
-                    if not row["ok"]:
-                        print(f"  FAIL {row['case']}: {row['errors']} {row.get('error', '')}", flush=True)
-            elif phase == "throughput":
-                results["throughput"] = done
-            elif done:
-                results["end_to_end"] = done[0]
-            results["phase_seconds"][phase] = round(time.perf_counter() - phase_started, 1)
+            run_phase(phase, items, budget, ran, results)
     except Stopped as stop:
         unrun = [label for items in phases.values() for label, _ in items
                  if label not in ran and not any(s.startswith(label + " (") for s in budget.skipped)]
@@ -720,7 +804,7 @@ def main(argv=None) -> int:
                               f"{', ...' if len(unrun) > 6 else ''})")
     results["goals"] = goal_status(results["throughput"], device)
     results["seconds"] = round(time.perf_counter() - started, 1)
-    results["passed"] = all(r["ok"] for r in results["correctness"])
+    results["passed"] = all(r["ok"] for r in results["correctness"] + results["hub_kernel"])
     report = markdown(results)
     staging = Path(tempfile.mkdtemp(prefix=args.out.name + ".", dir=args.out.parent))
     (staging / "results.json").write_text(json.dumps(results, indent=1))

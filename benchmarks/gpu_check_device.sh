@@ -9,7 +9,9 @@
 # It installs .device-wheels/*.whl into a temporary folder (pip --no-index --no-deps --target), puts that folder and
 # src/ first on PYTHONPATH, prints the versions it runs with and where they come from, and runs
 # benchmarks/gpu_check.py within a time budget (--budget, default 400 s: the whole run, compilation and autotuning
-# included, stays under 8 minutes; what did not fit is listed as skipped). DIR (new) then holds results.json,
+# included, stays under 8 minutes; what did not fit is listed as skipped). Besides the package's kernel, that checks
+# the Hub kernel: the repository `make kernel-repo` builds, generated there from src/ into a temporary folder and
+# loaded with kernels.get_local_kernel (kernels is one of the wheels). DIR (new) then holds results.json,
 # results.md and gpu_check.log. If the check cannot finish, DIR is not made and the log stays in DIR.partial.XXXXXX.
 #
 # Options: --wheels FOLDER (default: .device-wheels beside benchmarks/), --budget SECONDS, --jobs N (compiler
@@ -69,7 +71,8 @@ site = os.path.realpath(sys.argv[1])
 wheel_dists = {d.metadata["Name"].lower().replace("-", "_") for d in importlib.metadata.distributions(path=[site])}
 print(f"python {sys.version.split()[0]} ({sys.executable})")
 for module, dist in (("torch", "torch"), ("triton", "triton"), ("transformers", "transformers"),
-                     ("huggingface_hub", "huggingface_hub"), ("httpx2", "httpx2"), ("accelerate", "accelerate"),
+                     ("huggingface_hub", "huggingface_hub"), ("httpx2", "httpx2"), ("kernels", "kernels"),
+                     ("accelerate", "accelerate"),
                      ("safetensors", "safetensors"), ("tokenizers", "tokenizers"), ("numpy", "numpy"),
                      ("gated_qwen", None)):
     try:

@@ -1,15 +1,19 @@
 """Helpers shared by the test modules (importable because pytest puts tests/ on sys.path): the tiny model sizes,
-the weight randomiser, and the spy on the fused kernel's launches. Test files take a size from here and override only
+the weight randomiser, the spy on the fused kernel's launches, private namespaces, and the checks of what a command
+writes (`tree`, `refused`, `cli_runs_in_namespace`, `one_line`). Test files take a size from here and override only
 what their check is about."""
 
 import contextlib
 import dataclasses
 import functools
+import json
+import os
 import shlex
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -55,16 +59,17 @@ class KernelLaunch:
 
 @contextlib.contextmanager
 def kernel_launches() -> Iterator[list[KernelLaunch]]:
-    """Records every call that the `gated_triton` backend makes to the fused kernel while the block runs.
+    """Records every call that the `gated_triton` backend (`kernel/attention.py`'s attention function) makes to the
+    fused kernel while the block runs.
 
     The backend falls back to SDPA + a separate gate when the kernel fails its first-use self-check, and the
     fallback gives the same logits: a test of the kernel path must also assert that the kernel ran, e.g.
     `assert len(launches) == config.num_hidden_layers` for one forward. The self-check calls the kernel directly,
     not through the backend, so its calls are not recorded."""
-    from gated_qwen import gated_attention_backend
+    from gated_qwen.kernel import attention
 
     launches: list[KernelLaunch] = []
-    kernel = gated_attention_backend.gated_attention
+    kernel = attention.gated_attention
 
     def spy(q, k, v, gate=None, **kwargs):
         packed = kwargs.get("cu_seqlens_q") is not None
@@ -73,7 +78,7 @@ def kernel_launches() -> Iterator[list[KernelLaunch]]:
         return kernel(q, k, v, gate, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(gated_attention_backend, "gated_attention", spy)
+        patch.setattr(attention, "gated_attention", spy)
         yield launches
 
 
@@ -113,3 +118,53 @@ def run_in_namespace(setup: str, argv: list[str], pid: bool = False, **kwargs) -
 def gated_qwen_command(*args) -> list[str]:
     """The `gated-qwen` command line as this interpreter runs it."""
     return [sys.executable, "-m", "gated_qwen.cli", *map(str, args)]
+
+
+# ------------------------------------------------------------------------------ what a command writes, and refuses
+def tree(root: Path) -> dict[str, bytes | str]:
+    """Every entry under `root`: file contents, link targets, folders."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        key = str(path.relative_to(root))
+        out[key] = (f"-> {os.readlink(path)}" if path.is_symlink() else path.read_bytes() if path.is_file()
+                    else "folder")
+    return out
+
+
+def refused(capsys, args: list[str], message: str) -> None:
+    from gated_qwen.cli import main
+
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("gated-qwen: error: ") and message in err, err
+
+
+CLI_RUNS = """
+import contextlib, io, json, sys
+from gated_qwen.cli import main
+
+answers = []
+for argv in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = main(argv)
+        except SystemExit as done:
+            code = done.code
+    answers.append({"code": code, "err": err.getvalue()})
+print(json.dumps(answers))
+"""
+
+
+def cli_runs_in_namespace(setup: str, runs: list[list[str]]) -> list[dict]:
+    """Each command line of `runs` (gated-qwen arguments), in one process in a private mount namespace after
+    `setup`: its exit status and stderr."""
+    result = run_in_namespace(setup, [sys.executable, "-c", CLI_RUNS, json.dumps(runs)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def one_line(answer: dict, message: str) -> None:
+    assert answer["code"] == 2, answer
+    assert answer["err"].endswith("\n") and answer["err"].splitlines()[-1].startswith("gated-qwen: error: ")
+    assert message in answer["err"].splitlines()[-1] and "Traceback" not in answer["err"], answer["err"]

@@ -20,7 +20,7 @@ blocks), written anew here with pointer loads instead of the tutorial's tensor d
 
     python tests/kernel_aot.py --out DIR            # full grid, both architectures (about an hour on 2 cores)
     python tests/kernel_aot.py --grid representative --arch 90 --jobs 2
-    python tests/kernel_aot.py --grid representative --no-anchor --json rows.json   # tests/test_kernel_aot.py
+    python tests/kernel_aot.py --grid representative --no-anchor --json rows.json   # tests/kernel/test_kernel_aot.py
 
 Exit status 0 when every compilation passes every check, 1 otherwise, 2 on bad arguments.
 """
@@ -86,7 +86,7 @@ def production_grid() -> list[Case]:
 def representative_grid() -> list[Case]:
     """Every level of every factor of the full grid at least once (head dims, dtypes, masks, gate kinds, layouts,
     both passes, both architectures), each case with every tuner configuration; about two minutes on two cores
-    (tests/test_kernel_aot.py)."""
+    (tests/kernel/test_kernel_aot.py)."""
     return [
         Case(128, "bf16", True, "elementwise", "dense"),  # the production shape, on both architectures
         Case(64, "fp16", False, "headwise", "varlen", archs=(80,)),

@@ -19,16 +19,8 @@ from transformers.conversion_mapping import get_checkpoint_conversion_mapping, g
 from transformers.core_model_loading import PrefixChange, WeightRenaming
 
 import gated_qwen
-from gated_qwen import (
-    GatedQwenConfig,
-    GatedQwenForCausalLM,
-    GatedQwenMoeConfig,
-    GatedQwenMoeForCausalLM,
-    configuration_gated,
-    gating,
-    modeling_gated,
-    modeling_gated_moe,
-)
+from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, GatedQwenMoeConfig, GatedQwenMoeForCausalLM
+from gated_qwen.model import configuration_gated, gating, modeling_gated, modeling_gated_moe
 
 PACKAGE = Path(gated_qwen.__file__).parent
 VARIANTS = {  # one of each kind of gate tensor, and a model without any
@@ -91,64 +83,75 @@ def test_transformers_reverse_loading_mapping_check(tmp_path, model_class, confi
     assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
 
 
-# What a saved folder ships: the config, the gate, the model and the Transformers version seam (a mixture of experts
-# adds its modeling file), as a Transformers model folder holds its configuration and modeling files. The fused
-# kernel stays in the package (`gated_qwen.kernel`), so a kernel fix reaches every saved folder where it is installed.
-SHIPPED = {"configuration_gated.py", "gating.py", "modeling_gated.py", "transformers_compat.py"}
-# The package's names the shipped files may use, each imported only inside `try` (Transformers' remote-code import
-# check skips those, so a folder loads without the package).
-SHIPPED_PACKAGE_IMPORTS = {"gated_qwen.gated_attention_backend"}
-# What the package adds to the shipped classes when it is imported (`gated_qwen.register`), never their own code.
-PACKAGE_HOOKS = {"from_pretrained", "push_to_hub", "checkpoint_reader", "hub_push"}
+# What a saved folder ships is exactly src/gated_qwen/model/ (a namespace package: no __init__.py to ship): the config,
+# the gate, the model and the Transformers version seam, with the mixture of experts' modeling file where it is one,
+# as a Transformers model folder holds its configuration and modeling files.
+MODEL = PACKAGE / "model"
+MOE_ONLY = {"modeling_gated_moe.py"}
+# What the package adds to the shipped classes when it is imported (`gated_qwen.register`), never their own code
+# (their `from_pretrained` is their own: it refuses a missing gate tensor; the package replaces only the loading step
+# it calls, `_read_pretrained`, with one that also reads other formats).
+PACKAGE_HOOKS = {"read_other_formats", "read_pretrained", "push_to_hub", "checkpoint_reader", "hub_push"}
+# Registration with the Auto classes is the package's (`gated_qwen.register`), never a shipped file's.
+AUTO_REGISTRATION = {"register_for_auto_class", "AutoConfig", "AutoModel", "AutoModelForCausalLM"}
 
 
 @pytest.mark.parametrize("model_class, config", [
     (GatedQwenForCausalLM, GatedQwenConfig(**TINY)),
     (GatedQwenMoeForCausalLM, GatedQwenMoeConfig(**sizes(SMALL, **TINY_MOE))),
 ], ids=["dense", "mixture of experts"])
-def test_a_saved_folder_ships_the_model_and_not_the_package(tmp_path, model_class, config):
-    """The configuration, the gate, the model and the version seam, at most 5 Python files and 1,600 lines for the
-    dense model: no kernel, no reader of other checkpoint formats, no command line, no package hook; nothing that
-    imports from outside the folder except the package's fused kernel, behind a `try` that Transformers' remote-code
-    import check leaves out."""
+def test_a_saved_folder_ships_the_model_folder_and_nothing_of_the_package(tmp_path, model_class, config):
+    """What `save_pretrained` writes is exactly src/gated_qwen/model/ (less the mixture of experts' file for a dense
+    model), at most 1,600 lines for the dense model; these files import nothing from outside model/ (the fused
+    kernel is found in Transformers' attention registry), register nothing with the Auto classes and contain no
+    package hook; Transformers' remote-code import check asks for nothing of the package."""
     from transformers.dynamic_module_utils import get_imports
 
     model_class(config).save_pretrained(tmp_path)
     shipped = {path.name for path in tmp_path.glob("*.py")}
-    moe = {"modeling_gated_moe.py"} if model_class is GatedQwenMoeForCausalLM else set()
-    assert shipped == SHIPPED | moe
+    moe = model_class is GatedQwenMoeForCausalLM
+    assert shipped == {path.name for path in MODEL.glob("*")} - (set() if moe else MOE_ONLY)
     if not moe:
-        assert len(shipped) <= 5 and sum(len(p.read_text().splitlines()) for p in tmp_path.glob("*.py")) <= 1600
+        assert sum(len(p.read_text().splitlines()) for p in tmp_path.glob("*.py")) <= 1600
     for path in tmp_path.glob("*.py"):
-        tree = ast.parse(path.read_text())
-        guarded = {id(node) for block in ast.walk(tree) if isinstance(block, ast.Try) for node in ast.walk(block)}
-        for node in ast.walk(tree):
+        assert path.read_bytes() == (MODEL / path.name).read_bytes()
+        for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.level:
-                assert node.module and f"{node.module}.py" in shipped, (path.name, node.module)
+                assert node.level == 1 and f"{node.module}.py" in shipped, (path.name, node.module)
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module or ""]
-                ours = [name for name in names if name.split(".")[0] == "gated_qwen"]
-                assert not ours or id(node) in guarded and set(ours) <= SHIPPED_PACKAGE_IMPORTS, (path.name, ours)
+                assert not [name for name in names if name.split(".")[0] == "gated_qwen"], (path.name, names)
             if isinstance(node, (ast.FunctionDef, ast.Name, ast.Attribute)):
                 name = getattr(node, "name", None) or getattr(node, "id", None) or getattr(node, "attr", None)
-                assert name not in PACKAGE_HOOKS, (path.name, name, node.lineno)
-        assert "gated_qwen" not in get_imports(path), path.name  # what trust_remote_code demands to be installed
+                assert name not in PACKAGE_HOOKS | AUTO_REGISTRATION, (path.name, name, node.lineno)
+        # What trust_remote_code demands to be installed: neither the package, nor what the fused kernel needs
+        # (`kernels`, for the Hub kernel config.json may name, is imported only inside try).
+        assert not {"gated_qwen", "kernels", "triton"} & set(get_imports(path)), path.name
     auto_map = json.loads((tmp_path / "config.json").read_text())["auto_map"]
     assert {ref.split(".")[0] + ".py" for ref in auto_map.values()} <= shipped
 
 
-def test_the_package_gives_the_shipped_classes_its_kernel_reader_and_push():
-    """The shipped modeling file found the package's kernel; `register` attached the reader and the push to the
-    shipped bases (the mixture of experts inherits them)."""
-    from gated_qwen import gated_attention_backend, hub
-    from gated_qwen.conversion import loading
+def test_the_package_registers_its_kernel_reader_and_push_for_the_shipped_classes():
+    """Importing the package registered its fused kernel in Transformers' attention registry, where the shipped
+    model finds it (with the attributes it asks: `applies_output_gate`, `runs_by_default`), and attached the reader
+    and the push to the shipped bases (the mixture of experts inherits them)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    assert modeling_gated.installed_fused_kernel() is gated_attention_backend.gated_triton_is_default
+    from gated_qwen.conversion import loading
+    from gated_qwen.integrations import gated_triton, hub
+    from gated_qwen.kernel import attention
+
+    registered = ALL_ATTENTION_FUNCTIONS[gating.FUSED_ATTENTION]
+    assert registered is gated_triton.gated_triton_attention_forward and gating.applies_output_gate(registered)
+    assert registered is attention.gated_attention_forward  # the kernel's own, which the Hub kernel carries too
+    assert registered.runs_by_default is gated_triton.runs_by_default
+    assert attention.ATTENTION_NAME == gating.FUSED_ATTENTION  # the name the kernel's messages use
+    assert not gating.applies_output_gate(ALL_ATTENTION_FUNCTIONS["sdpa"])
     base = modeling_gated.GatedQwenPreTrainedModel
     assert base.push_to_hub is hub.model_push_to_hub
-    assert base.from_pretrained.__func__.__module__ == loading.__name__
+    assert base._read_pretrained.__func__.__module__ == loading.__name__
     assert GatedQwenConfig.get_config_dict.__func__.__module__ == loading.__name__
-    assert GatedQwenMoeForCausalLM.from_pretrained.__func__ is base.from_pretrained.__func__
+    assert GatedQwenMoeForCausalLM._read_pretrained.__func__ is base._read_pretrained.__func__
 
 
 def _imports(path: Path, module: str) -> set[str]:
@@ -240,16 +243,17 @@ def _strings_compared(tree: ast.AST):
 def test_no_format_name_is_compared_outside_its_own_module():
     """A checkpoint format's name (`--from` / `--to`) is matched as a string only in the module that defines its
     `Format`: everywhere else code asks the format object (so a new format is its module and one registry line)."""
-    from gated_qwen import conversion
+    from gated_qwen.conversion import formats
     from gated_qwen.conversion.formats import FORMATS
 
     owners = {}
-    for path in (PACKAGE / "conversion").glob("*.py"):
-        module = importlib.import_module(f"gated_qwen.conversion.{path.stem}" if path.stem != "__init__" else
-                                         conversion.__name__)
+    for path in (PACKAGE / "conversion").rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        module = importlib.import_module(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
         owners |= {fmt.name: path for fmt in FORMATS.values() if any(value is fmt for value in vars(module).values())
-                   and path.stem != "formats"}
-    assert set(owners) == set(FORMATS)  # every format is defined in a module of conversion/
+                   and module is not formats}
+    assert set(owners) == set(FORMATS)  # every format is defined in its own module of conversion/formats/
+    assert {path.parent.name for path in owners.values()} == {"formats"}
     found = [f"{path.relative_to(PACKAGE)}:{line} matches {value!r}"
              for path in sorted(PACKAGE.rglob("*.py"))
              for line, value in _strings_compared(ast.parse(path.read_text()))
@@ -270,17 +274,27 @@ def test_no_function_is_longer_than_80_lines():
     assert not too_long, too_long
 
 
+def test_no_module_of_the_file_safety_library_is_longer_than_400_lines():
+    """src/gated_qwen/files/ is split by job (identity checks, staging and publishing, scratch folders, reading):
+    no module of it grows past 400 lines."""
+    lengths = {path.name: len(path.read_text().splitlines()) for path in (PACKAGE / "files").glob("*.py")}
+    assert lengths and max(lengths.values()) <= 400, lengths
+
+
 def test_contributings_layout_names_every_module_of_the_package():
     """CONTRIBUTING.md's layout section matches the tree: it names every module of src/gated_qwen (by its file name,
     in the block of its folder), and every folder of the repository it lists exists."""
     text = (PACKAGE.parents[1] / "CONTRIBUTING.md").read_text()
     layout = text[text.index("## Layout"):].split("```text\n", 1)[1].split("```", 1)[0]
-    blocks, folder = {"": ""}, ""
+    blocks, folders = {}, []  # folders: those of the package the current line lies in, outermost first
     for line in layout.splitlines()[1:]:
         indent, first = len(line) - len(line.lstrip()), line.split()[0] if line.strip() else ""
-        if indent <= 2:  # a module of the package, one of its folders, or a folder of the repository
-            folder = first if indent == 2 and first.endswith("/") else ""
-        blocks[folder] = blocks.get(folder, "") + line + "\n"
+        entry = first and indent <= 6  # at indent 2k: k folders deep in the package (0: a folder of the repository)
+        if entry:
+            folders = folders[: max(indent // 2 - 1, 0)]
+        blocks["".join(folders)] = blocks.get("".join(folders), "") + line + "\n"
+        if entry and indent >= 2 and first.endswith("/"):
+            folders.append(first)
     missing = [path.relative_to(PACKAGE).as_posix() for path in sorted(PACKAGE.rglob("*.py"))
                if path.name != "__init__.py" and re.search(
                    rf"(?<![\w.]){re.escape(path.name)}\b",

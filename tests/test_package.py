@@ -16,14 +16,14 @@ config = AutoConfig.for_model("gated_qwen", vocab_size=32, hidden_size=16, inter
 assert type(config).__name__ == "GatedQwenConfig", type(config)
 for auto in (AutoModelForCausalLM, AutoModelForTokenClassification):
     model = auto.from_config(config)
-    assert type(model).__module__ == "gated_qwen.modeling_gated", type(model)
+    assert type(model).__module__ == "gated_qwen.model.modeling_gated", type(model)
 moe = AutoConfig.for_model("gated_qwen_moe", vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                            num_attention_heads=2, num_key_value_heads=1, head_dim=8, num_experts=2,
                            num_experts_per_tok=1, moe_intermediate_size=8)
 assert type(moe).__name__ == "GatedQwenMoeConfig", type(moe)
 for auto in (AutoModelForCausalLM, AutoModelForTokenClassification):
     model = auto.from_config(moe)
-    assert type(model).__module__ == "gated_qwen.modeling_gated_moe", type(model)
+    assert type(model).__module__ == "gated_qwen.model.modeling_gated_moe", type(model)
 print("registered")
 """
 
@@ -31,14 +31,14 @@ CASES = {
     "package-then-transformers": "import gated_qwen\n",
     "transformers-then-package": "import transformers\nimport gated_qwen\n",
     "a-name-of-the-package": "from gated_qwen import GatedQwenConfig\n",
-    "modeling-module-directly": "from gated_qwen.modeling_gated import GatedQwenForCausalLM\n",
-    "moe-modeling-module-directly": "from gated_qwen.modeling_gated_moe import GatedQwenMoeForCausalLM\n",
-    "configuration-module-directly": "import gated_qwen.configuration_gated\n",
+    "modeling-module-directly": "from gated_qwen.model.modeling_gated import GatedQwenForCausalLM\n",
+    "moe-modeling-module-directly": "from gated_qwen.model.modeling_gated_moe import GatedQwenMoeForCausalLM\n",
+    "configuration-module-directly": "import gated_qwen.model.configuration_gated\n",
     "analysis-subpackage": "import gated_qwen.analysis.measure\n",
-    "gate-module-directly": "import gated_qwen.gating\n",
+    "gate-module-directly": "import gated_qwen.model.gating\n",
     "checkpoint-reader-directly": "import gated_qwen.conversion.loading\n",
-    "conversion-subpackage": "from gated_qwen.conversion import convert\nimport gated_qwen.conversion.release\n",
-    "kernel-module-directly": "import gated_qwen.gated_attention_backend\n",
+    "conversion-subpackage": "from gated_qwen.conversion import convert\nimport gated_qwen.conversion.formats.release\n",
+    "kernel-module-directly": "import gated_qwen.integrations.gated_triton\n",
 }
 
 

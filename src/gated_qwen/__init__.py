@@ -35,10 +35,13 @@ def register() -> None:
 
     - the configs and models, dense and mixture of experts, with the Auto classes (config, base model, causal LM,
       sequence/token classification, question answering), each also for `trust_remote_code` folders (`auto_map`);
-    - the reader of other checkpoint formats (the paper's release, stock Qwen3 / Qwen3-MoE, Qwen3.5 / Qwen3-Next):
+    - the fused Triton kernel as `attn_implementation="gated_triton"` (`integrations.gated_triton`), which the
+      models (a saved folder's own code included) find in Transformers' attention registry;
+    - the reader of other checkpoint formats (`gated-qwen convert --help` lists them): the loading step of
       `from_pretrained` and the config's `get_config_dict` of these classes (`conversion.loading.read_other_formats`),
       which the code a saved folder ships does not have;
-    - the push to the Hub with this package's model card (`push_to_hub` of these models, `hub.model_push_to_hub`);
+    - the push to the Hub with this package's model card (`push_to_hub` of these models,
+      `integrations.hub.model_push_to_hub`);
     - PEFT's default LoRA targets (a no-op without PEFT).
     """
     global _registered
@@ -54,10 +57,11 @@ def register() -> None:
         AutoModelForTokenClassification,
     )
 
-    from . import hub, modeling_gated, modeling_gated_moe
-    from .configuration_gated import GatedQwenConfig, GatedQwenMoeConfig
     from .conversion.loading import read_other_formats
-    from .peft_defaults import register_peft_defaults
+    from .integrations import gated_triton, hub
+    from .integrations.peft_defaults import register_peft_defaults
+    from .model import modeling_gated, modeling_gated_moe
+    from .model.configuration_gated import GatedQwenConfig, GatedQwenMoeConfig
 
     heads = ("Model", "ForCausalLM", "ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering")
     autos = (AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoModelForTokenClassification,
@@ -70,6 +74,7 @@ def register() -> None:
             model = getattr(modeling, f"{prefix}{head}")
             auto.register(config_class, model, exist_ok=True)
             model.register_for_auto_class(auto.__name__)
+    gated_triton.register()
     # Attached to the bases, so the mixture of experts' config and models have them too.
     read_other_formats(GatedQwenConfig, modeling_gated.GatedQwenPreTrainedModel)
     modeling_gated.GatedQwenPreTrainedModel.push_to_hub = hub.model_push_to_hub
@@ -122,7 +127,7 @@ def __getattr__(name: str):
     """The public classes, imported on first use (so that the command line needs neither torch nor Transformers)."""
     if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from . import configuration_gated, modeling_gated, modeling_gated_moe
+    from .model import configuration_gated, modeling_gated, modeling_gated_moe
 
     _register_when_possible()
     for module in (configuration_gated, modeling_gated, modeling_gated_moe):

@@ -33,9 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=Parser)
     # Each module's `register(subparsers)` adds its subcommands, whose `func(args) -> int` runs them.
-    from . import hub
     from .analysis import cli as analysis
     from .conversion import cli as conversion
+    from .integrations import hub
 
     for module in (analysis, conversion, hub):
         module.register(subparsers)

@@ -23,7 +23,7 @@ from gated_qwen.analysis.miniature.runs import loss_spikes, sink_profile
 from gated_qwen.analysis.perplexity import recall_accuracy, with_yarn
 from gated_qwen.analysis.quantize import SCHEMES, fake_quantize_rows, fake_quantized, perplexity_under_quantization
 from gated_qwen.cli import main
-from gated_qwen.gating import FUSED_GATE_BACKENDS, gate_shape, gated_layers
+from gated_qwen.model.gating import gate_shape, gated_layers
 
 VOCAB = 61
 
@@ -436,7 +436,7 @@ def test_analysis_sees_the_ungated_output_under_a_backend_that_fuses_the_gate():
         out, weights = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
         return out * torch.sigmoid(output_gate), weights
 
-    FUSED_GATE_BACKENDS.add("test_fused_gate")
+    fused.applies_output_gate = True  # how an attention function says it takes the gate's logits
     AttentionInterface.register("test_fused_gate", fused)
     AttentionMaskInterface.register("test_fused_gate", sdpa_mask)
     model, x = model_for(gate_scale=8.0), ids()

@@ -3,10 +3,12 @@ group, as a terminal sends it) prints one line and no worker traceback, and a pa
 workers with it, so nothing re-creates the staging folder that `--clean` removed. Real processes, real signals."""
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -20,15 +22,23 @@ class Run:
     """`gated-qwen reproduce --preset smoke --jobs 2` (or `jobs`) in a session of its own, its stderr collected as it
     comes; runs of 400 steps, so that a worker left alone would go on training for many seconds."""
 
-    def __init__(self, tmp_path: Path, jobs: int = 2, out: str = "out", steps: int = 400, main_models_only=False):
-        self.scratch = tmp_path / "scratch"  # the workers' temporary folders (the Trainer's) go here
-        self.scratch.mkdir(exist_ok=True)
+    def __init__(self, tmp_path: Path, jobs: int = 2, out: str = "out", steps: int = 400, main_models_only=False,
+                 scratch: str | None = "scratch"):
+        # The workers' temporary folders (the Trainer's) go to TMPDIR=tmp_path/scratch, or with scratch=None to the
+        # default TMPDIR, where other processes' lie too.
+        env = {name: value for name, value in os.environ.items() if name != "TMPDIR"}
+        self.shared = scratch is None
+        if self.shared:
+            self.scratch = Path(tempfile.gettempdir())
+        else:
+            self.scratch = env["TMPDIR"] = tmp_path / scratch
+            self.scratch.mkdir(exist_ok=True)
         self.out = tmp_path / out
         self.process = subprocess.Popen(
             [sys.executable, "-m", "gated_qwen.cli", "reproduce", "--preset", "smoke", "--steps", str(steps), "--jobs",
              str(jobs), "--out", str(self.out), *(["--families", "main"] if main_models_only
                                                   else [])], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            start_new_session=True, env={**os.environ, "TMPDIR": str(self.scratch)})
+            start_new_session=True, env={name: str(value) for name, value in env.items()})
         self.err = b""
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -38,8 +48,12 @@ class Run:
             self.err += chunk
 
     def trainer_scratch(self) -> list[str]:
-        """The Trainer scratch folders of the workers (other libraries' caches may stay: they are meant to)."""
-        return [p.name for p in self.scratch.iterdir() if p.name.startswith("gated-qwen-trainer-")]
+        """The Trainer scratch folders of the workers (other libraries' caches may stay: they are meant to); in the
+        default TMPDIR, those of this run's own process (`--jobs 1`) by their owner record."""
+        found = sorted(self.scratch.glob("gated-qwen-trainer-*"))
+        if self.shared:
+            found = [folder for folder in found if owner_pid(folder) == self.process.pid]
+        return [folder.name for folder in found]
 
     def workers(self) -> list[int]:
         pid = self.process.pid
@@ -65,6 +79,14 @@ class Run:
         self.process.wait(timeout=120)
         self.reader.join(timeout=60)
         return self.err.decode()
+
+
+def owner_pid(folder: Path) -> int | None:
+    """The process in a scratch folder's owner record (None if it has none yet, or it is not readable)."""
+    try:
+        return json.loads((folder / "owner.json").read_text()).get("pid")
+    except (OSError, ValueError):
+        return None
 
 
 def alive(pids: list[int]) -> list[int]:
@@ -154,28 +176,48 @@ def test_a_worker_killed_as_by_the_oom_killer_ends_the_run_in_one_line(run, tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["scratch"] and run.trainer_scratch() == []
 
 
-def test_the_scratch_of_a_killed_run_is_removed_and_a_live_runs_is_not(tmp_path):
-    """`--jobs 1`, the command SIGKILLed mid-training: its Trainer scratch folder (owned like a staging folder, its
-    lock released with the process) is removed by the next run, and `--clean` leaves a live run's alone."""
-    killed = Run(tmp_path, jobs=1, out="first", main_models_only=True)
+def killed_mid_training(run: Run) -> Path:
+    """Kills `run` (`--jobs 1`) with SIGKILL once it trains; returns the Trainer scratch folder it left."""
     try:
-        killed.wait_for_training(scratch_folders=1)
-        (left,) = killed.trainer_scratch()
-        os.kill(killed.process.pid, signal.SIGKILL)
-        killed.process.wait(timeout=60)
-        assert killed.trainer_scratch() == [left]  # what a killed process leaves
+        run.wait_for_training(scratch_folders=1)
+        (left,) = run.trainer_scratch()
+        os.kill(run.process.pid, signal.SIGKILL)
+        run.process.wait(timeout=60)
+        assert run.trainer_scratch() == [left]  # what a killed process leaves: its owner record, unlocked
+        assert (run.scratch / left / "owner.json").is_file()
     finally:
-        end(killed)
-    live = Run(tmp_path, jobs=1, out="second", steps=20_000, main_models_only=True)  # a first run of minutes
+        end(run)
+    return run.scratch / left
+
+
+def clean_command(tmpdir: Path, path: Path) -> subprocess.CompletedProcess:
+    """`gated-qwen convert --clean PATH` in a fresh process whose TMPDIR is `tmpdir`."""
+    return subprocess.run([sys.executable, "-m", "gated_qwen.cli", "convert", "--clean", str(path)],
+                          capture_output=True, text=True, timeout=300, check=False,
+                          env={**os.environ, "TMPDIR": str(tmpdir)})
+
+
+def test_the_scratch_of_a_killed_run_is_removed_wherever_it_was_made_and_a_live_runs_is_not(tmp_path):
+    """`--jobs 1`, the command SIGKILLed mid-training: its Trainer scratch folder (owned like a staging folder, its
+    lock released with the process), owner record and all, is removed by `--clean` and by the next run, whatever
+    TMPDIR each has (the default TMPDIR, shared with other processes, or another); `--clean` leaves a live run's
+    alone."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    left = killed_mid_training(Run(tmp_path, jobs=1, out="first", main_models_only=True, scratch=None))
+    clean = clean_command(elsewhere, tmp_path / "first")
+    assert clean.returncode == 0 and f"removed the scratch folder {left} " in clean.stdout, clean.stderr
+    assert not left.exists() and not left.is_symlink()
+
+    left = killed_mid_training(Run(tmp_path, jobs=1, out="second", main_models_only=True))
+    live = Run(tmp_path, jobs=1, out="third", steps=20_000, main_models_only=True, scratch=None)  # minutes long
     try:
         deadline = time.monotonic() + 400
-        while left in live.trainer_scratch() or not live.trainer_scratch():  # the next run removes it, then trains
+        while left.exists() or not live.trainer_scratch():  # the next run removes it, then trains
             assert live.process.poll() is None and time.monotonic() < deadline, live.err.decode()[-2000:]
             time.sleep(0.2)
         (mine,) = live.trainer_scratch()
-        clean = subprocess.run([sys.executable, "-m", "gated_qwen.cli", "convert", "--clean", str(tmp_path / "first")],
-                               capture_output=True, text=True, timeout=300, check=False,
-                               env={**os.environ, "TMPDIR": str(live.scratch)})
+        clean = clean_command(left.parent, tmp_path / "first")
         assert clean.returncode == 0 and f"left {live.scratch / mine} alone" in clean.stdout, clean.stderr
         assert live.trainer_scratch() == [mine] and live.process.poll() is None
     finally:

@@ -25,6 +25,7 @@ import os
 from pathlib import Path
 
 import torch
+from accelerate import PartialState
 from torch.utils.data import Dataset
 from transformers import AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
@@ -149,6 +150,9 @@ def main() -> None:
         fsdp_on_cpu.lift()
     for model_dir in args.model_dirs:
         train(model_dir, args.data, args.out / model_dir.name, args.steps, args.batch, args.lr)
+    # As a script should end (Accelerator.end_training does this): without it gloo's threads can outlive the
+    # interpreter and a rank aborts at exit, "terminate called without an active exception" (pytorch#179291).
+    PartialState().destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Run by tests/test_distributed.py as `torchrun --nproc_per_node 2 tp_and_fsdp.py WORK_DIR MODEL_DIR...` (CPU, gloo).
+"""Run by tests/integrations/test_distributed.py as `torchrun --nproc_per_node 2 tp_and_fsdp.py WORK_DIR MODEL_DIR...` (CPU, gloo).
 
 WORK_DIR/inputs.pt holds `{"input_ids": [B, S] (B even), "lr": float, "dtype": torch.dtype}` (the models are
 loaded in that dtype). Rank 0 writes, for the test to hold against one process:

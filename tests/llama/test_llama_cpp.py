@@ -15,21 +15,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from conftest import llama_cpp, llama_cpp_convert, run_gguf
+from local_models import MOE, NEW_TOKENS, PROMPTS, RTOL, SIZES, build, distance, transformers_answer
 from test_docs import tiny_tokenizer
-from transformers import AutoModelForCausalLM
 
-from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, GatedQwenMoeConfig, GatedQwenMoeForCausalLM
 from gated_qwen.conversion import convert
 
-# Two layers, GQA, an untied output layer; head_dim 32 (Qwen3.5's RoPE sections fit), weights large enough
-# (initializer_range 0.1) that greedy decoding does not repeat one token; 320 tokens: the tiny tokenizers' size.
-SIZES = dict(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=32, max_position_embeddings=256, tie_word_embeddings=False,
-             initializer_range=0.1)
-MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, shared_expert_intermediate_size=48,
-           norm_topk_prob=True)
 # name -> config fields besides SIZES (a G1 sigmoid gate unless they say otherwise)
 CASES = {
     "g1_elementwise": {},
@@ -43,9 +34,6 @@ CASES = {
     "moe_g1": dict(MOE),
     "moe_g1_headwise": dict(MOE, gate_granularity="headwise"),
 }
-PROMPTS = [[1, 5, 9, 20, 33], [7, 3, 3, 101, 64, 12, 90, 2, 45], [100, 22, 8, 17, 54, 31, 77, 6, 9, 60, 3, 11, 29, 250]]
-NEW_TOKENS = 12
-RTOL = 1e-3  # max |logit difference| <= RTOL * max(1, max |Transformers logit|), as `convert --verify`
 # Q8_0 (weights, and llama.cpp's activations in its matrix products, 8-bit in blocks of 32 with one scale each)
 # against Transformers in float32, on the dense models: 3.3e-2 and 3.7e-2 in the runs of this test. A mixture of
 # experts is not bounded so: a routing weight that quantization moves past another's sends a token to another expert
@@ -54,51 +42,6 @@ Q8_0_RTOL = 5e-2
 TEXTS = ["Gated attention removes the attention sink because the gate can close",
          "a sigmoid gate on the attention output, 123 4567 (sparse) and input-dependent!",
          "  two spaces, tabs\tand\nnew lines\n\n; unicode: héllo wörld — ünïcödé 東京 🚀"]
-
-
-def build(folder: Path, fields: dict, seed: int = 0) -> Path:
-    """A saved random GatedQwen (GatedQwen-MoE with experts) whose norms, biases and constant gate logits are random
-    too (initialised as ones and zeros, they would hide a norm or bias written wrong)."""
-    torch.manual_seed(seed)
-    fields = {**SIZES, **fields}
-    moe = "num_experts" in fields
-    model = (GatedQwenMoeForCausalLM(GatedQwenMoeConfig(**fields)) if moe
-             else GatedQwenForCausalLM(GatedQwenConfig(**fields)))
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "norm" in name:
-                parameter.uniform_(0.5, 1.5)
-            elif name.endswith(("bias", "logits")):
-                parameter.normal_(0, 0.5)
-    model.save_pretrained(folder)
-    return folder
-
-
-def transformers_answer(folder: Path, gated: bool = True) -> dict:
-    """Transformers' float32 logits `[positions, vocab]` per prompt and greedy tokens; with `gated=False`, the logits
-    of the same weights without the gate (the ungated control)."""
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    if not gated:
-        fields = {k: v for k, v in model.config.to_dict().items() if not k.startswith("gate_")}
-        control = type(model)(type(model.config).from_dict({**fields, "gate_position": None})).eval()
-        control.load_state_dict(model.state_dict(), strict=False)  # every tensor but the gate's
-        model = control
-    logits, greedy = [], []
-    with torch.no_grad():
-        for prompt in PROMPTS:
-            ids = torch.tensor([prompt])
-            logits.append(model(ids).logits[0].numpy())
-            if gated:
-                out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
-                                     do_sample=False, pad_token_id=0)
-                greedy.append(out[0, len(prompt):].tolist())
-    return {"logits": logits, "greedy": greedy}
-
-
-def distance(logits: list, reference: list) -> float:
-    """max |difference| / max(1, max |reference|) over every position of every prompt."""
-    scale = max(1.0, max(float(np.abs(r).max()) for r in reference))
-    return max(float(np.abs(np.asarray(a) - r).max()) for a, r in zip(logits, reference)) / scale
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +111,7 @@ def split_tokenizer(folder: Path, pattern: str):
 
 @pytest.mark.parametrize("kind", ["gpt-2", "qwen2", "qwen35"])
 def test_vocabulary_tokenizes_as_the_hugging_face_tokenizer(tmp_path, kind):
-    from gated_qwen.conversion.gguf_format import QWEN2_PATTERN, QWEN35_PATTERN
+    from gated_qwen.conversion.formats.gguf import QWEN2_PATTERN, QWEN35_PATTERN
 
     folder = build(tmp_path / "gated", {})
     tokenizer = (tiny_tokenizer(folder, texts=TEXTS, vocab_size=SIZES["vocab_size"]) if kind == "gpt-2"

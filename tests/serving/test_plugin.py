@@ -1,4 +1,4 @@
-"""gated_qwen's vLLM plugin (`vllm.general_plugins` entry point; `gated_qwen.vllm_model`): dense native folders
+"""gated_qwen's vLLM plugin (`vllm.general_plugins` entry point; `gated_qwen.integrations.vllm_model`): dense native folders
 served with vLLM's own layers and the gate, every variant, as Transformers computes them (the checks of
 test_offline.py), and with 2-way tensor parallelism, which here also splits the input-independent gate's logits.
 `model_impl="vllm"` makes vLLM take the model from its registry, where the plugin put it."""
@@ -23,7 +23,7 @@ from vllm_helpers import (
 
 def test_the_plugin_is_installed_where_vllm_finds_it():
     plugins = {ep.name: ep.value for ep in entry_points(group="vllm.general_plugins")}
-    assert plugins.get("gated_qwen") == "gated_qwen.vllm_plugin:register"
+    assert plugins.get("gated_qwen") == "gated_qwen.integrations.vllm_plugin:register"
 
 
 def check(models, name, tensor_parallel=1):
@@ -37,7 +37,7 @@ def check(models, name, tensor_parallel=1):
     finally:
         release(llm)
     assert served == ["GatedQwenForCausalLM"] * tensor_parallel
-    assert modules == ["gated_qwen.vllm_model"] * tensor_parallel  # vLLM's layers, not the Transformers backend
+    assert modules == ["gated_qwen.integrations.vllm_model"] * tensor_parallel  # vLLM's layers, not the Transformers backend
     config = NATIVE[name]
     gated_layers = config.get("gate_layers") or range(SERVING["num_hidden_layers"])
     assert served_gates == ([config["gate_position"]] * len(gated_layers) if config["gate_position"] else [])

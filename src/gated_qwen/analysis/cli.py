@@ -2,7 +2,7 @@
 help; `commands` runs them (reading inputs with `inputs`, checking memory with `memory`).
 
 Defining the parser imports no model code; each command imports it when it runs. Outputs go through
-`gated_qwen.outputs`: `--out` may not be, contain or lie inside MODEL or an input file, appears whole or not at all,
+`gated_qwen.files`: `--out` may not be, contain or lie inside MODEL or an input file, appears whole or not at all,
 and replaces an existing one only with `--overwrite`. Bad input raises `ValueError` with the reason, which the
 `gated-qwen` command prints as one line (exit status 2).
 """

@@ -3,14 +3,14 @@
 
 Each command checks its output (`--out` may not be, contain or lie inside MODEL or an input file) and every size
 flag's memory (`memory`) before the slow part, imports the model stack when it runs, and writes through
-`gated_qwen.outputs`: its output appears whole or not at all, and replaces an existing one only with `--overwrite`.
+`gated_qwen.files`: its output appears whole or not at all, and replaces an existing one only with `--overwrite`.
 """
 
 from __future__ import annotations
 
 import time
 
-from ..outputs import check_output, output_file, output_folder, write_json
+from ..files import check_output, output_file, output_folder, write_json
 from .inputs import Inputs, device, load_model
 from .memory import check_fits, check_windows_fit, forward_bytes
 

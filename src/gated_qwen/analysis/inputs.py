@@ -8,7 +8,7 @@ import pickle
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..reading import CONFIG_VALUE_ERRORS, check_safetensors_files, config_from_dict, read_json_object
+from ..files import CONFIG_VALUE_ERRORS, check_safetensors_files, config_from_dict, read_json_object
 from .memory import check_model_fits
 
 if TYPE_CHECKING:
@@ -110,8 +110,8 @@ def load_model(path: str, dtype: str, device: str):
     import torch
 
     from .. import GatedQwenForCausalLM, GatedQwenMoeForCausalLM
-    from ..configuration_gated import GATED_MODEL_TYPES
     from ..conversion.loading import gated_config_dict
+    from ..model.configuration_gated import GATED_MODEL_TYPES
 
     if not (Path(path) / "config.json").is_file():
         raise ValueError(f"MODEL {path!r} is not a model folder (no config.json); pass a folder written by "

@@ -1,12 +1,13 @@
 """Writes what `analyze` found: `report.json`, `report.md` and PNG plots, into a folder (the command's staging folder
-from `gated_qwen.outputs`, which appears whole or not at all); and the markdown helpers the reproduce report (`miniature.report`) shares."""
+from `gated_qwen.files`, which appears whole or not at all); and the markdown helpers the reproduce report
+(`miniature.report`) shares."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
-from ..outputs import write_json
+from ..files import write_json
 from . import plots
 from .quantize import SCHEMES
 

@@ -1,26 +1,13 @@
 """Checkpoint conversion between GatedQwen and the formats that exist today.
 
 `convert(src, dst, from_format=...)` imports a checkpoint into GatedQwen, `convert(src, dst, to_format=...)` exports a
-GatedQwen checkpoint. Formats:
-
-- `"release"`: the paper's released checkpoints (`QwQZh/gated_attention`), gate rows packed in `q_proj` per kv
-  group (see `release.py`); both directions, byte-identical round trip.
-- `"qwen3"`: stock Transformers Qwen3 -> GatedQwen, without a gate (exact) or with `add_gate=VARIANT` initialised
-  so that the logits do not change (`qwen3.added_gate_init` says what is done per variant).
-- `"qwen3_5"`: GatedQwen <-> Transformers' Qwen3.5 text model with every layer full attention; the import also
-  reads Qwen3-Next checkpoints that are attention-only and dense.
-- `"qwen3_moe"`: stock Transformers Qwen3-MoE -> GatedQwen-MoE (model_type `gated_qwen_moe`), without a gate or with
-  `add_gate` as for `"qwen3"` (see `qwen3.py`).
-- `"qwen3_next"`: GatedQwen (G1 sigmoid gate), or GatedQwen-MoE with a shared expert, <-> Qwen3-Next with every layer
-  full attention, dense or mixture-of-experts (see `qwen3_5.py`).
-- `"gguf"`: GatedQwen / GatedQwen-MoE -> one GGUF file that llama.cpp runs (see `gguf_format.py`).
-
-Each format is one `Format` object (`format.py`) in its own module, which carries everything about it (detection,
-config translation and tensor rules, export and its options, the models that read and check it); `formats.py`
-registers it with one line, and `FROM_FORMATS`, `TO_FORMATS` and the command line's choices come from there. The same
+GatedQwen checkpoint. The formats are one `Format` object each (`format.py`), in its own module under `formats/`, which carries everything
+about it (detection, config translation and tensor rules, export and its options, the models that read and check
+it); `formats.FORMATS` registers it with one line, and `FROM_FORMATS`, `TO_FORMATS`, the export options and the
+command line's choices and help come from there (`gated-qwen convert --help` lists them with what each is). The same
 object is what `from_pretrained` reads such a folder with (`loading.py`). Its refusals reach the caller as
-`ConversionError`s that name the format flag. Every conversion streams tensors (one output shard in memory at a time), writes sharded safetensors with an
-index, shows progress, and writes `dst` through `gated_qwen.outputs` (refused when it is, contains or lies inside
+`ConversionError`s that name the format flag. Every conversion streams tensors (one output shard in memory at a
+time), writes sharded safetensors with an index, shows progress, and writes `dst` through `gated_qwen.files` (refused when it is, contains or lies inside
 `src`; built in a staging folder beside it and renamed into place only when complete; an existing `dst` replaced
 only with `overwrite=True`). Pickled `.bin` weights are read only with `allow_pickle=True`. Whatever `verify` says,
 the conversion checks the structure (`structure.py`): the source matches its config, and the result holds every
@@ -39,11 +26,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..outputs import OutputError, clean_stale, clean_stale_scratch, output_file, output_folder, say
-from ..reading import CONFIG_VALUE_ERRORS
+from ..files import CONFIG_VALUE_ERRORS, OutputError, clean_stale, clean_stale_scratch, output_file, output_folder, say
 from .errors import CheckpointFormatError, ConversionError, VerificationError
 from .format import Format
-from .formats import FORMATS, FROM_FORMATS, GATED, TO_FORMATS
+from .formats import FORMATS, FROM_FORMATS, GATED, TO_FORMATS, export_options, taking
 from .verify import VERIFY_MAX_PARAMETERS, VERIFY_RTOL
 
 
@@ -71,8 +57,9 @@ class _Request:
         return self.fmt if self.export else GATED
 
 
-def _request(from_format, to_format, add_gate, allow_o_proj_bias: bool) -> _Request:
-    """The request that `convert`'s arguments make, or the ConversionError that says what is wrong with them."""
+def _request(from_format, to_format, add_gate, options: dict) -> _Request:
+    """The request that `convert`'s arguments make (`options`: the export options given, by name), or the
+    ConversionError that says what is wrong with them."""
     if (from_format is None) == (to_format is None):
         raise ConversionError("give exactly one of --from FORMAT (import into gated_qwen) or --to FORMAT (export).")
     export = to_format is not None
@@ -84,11 +71,15 @@ def _request(from_format, to_format, add_gate, allow_o_proj_bias: bool) -> _Requ
     if add_gate is not None and (export or not fmt.takes_gate):
         gated = " and ".join(f"`--from {f}`" for f in FROM_FORMATS if FORMATS[f].takes_gate)
         raise ConversionError(f"--add-gate applies to {gated} only (stock checkpoints without a gate).")
-    options = {"allow_o_proj_bias": True} if allow_o_proj_bias else {}
+    options = {option: value for option, value in options.items() if value is not None and value is not False}
+    known = export_options()
     for option in options:
-        if not export or option not in fmt.export_options:
-            takers = " and ".join(f"--to {f}" for f in TO_FORMATS if option in FORMATS[f].export_options)
-            raise ConversionError(f"--{option.replace('_', '-')} applies to {takers} only.")
+        if option not in known:
+            raise ConversionError(f"convert() has no option {option!r}; the export options are "
+                                  f"{', '.join(known) or 'none'}.")
+        if not export or all(option != taken.name for taken in fmt.export_options):
+            takers = " and ".join(f"--to {f}" for f in taking(option))
+            raise ConversionError(f"{known[option].flag} applies to {takers} only.")
     return _Request(fmt, export, add_gate, options)
 
 
@@ -97,7 +88,7 @@ def _write_config(config, folder: Path, result: Format) -> None:
     `save_pretrained`, and for a gated_qwen result also the modeling files, so the folder loads with
     `trust_remote_code=True` without the package."""
     if isinstance(config, dict):
-        from ..outputs import write_json
+        from ..files import write_json
 
         write_json(folder / "config.json", config)
         return
@@ -116,7 +107,7 @@ def _write_config(config, folder: Path, result: Format) -> None:
 
 @contextmanager
 def _refusals_as_conversion_errors(flag: str) -> Iterator[None]:
-    """The destination's refusals (`gated_qwen.outputs`) and the formats' (named with the format `flag`) raised as
+    """The destination's refusals (`gated_qwen.files`) and the formats' (named with the format `flag`) raised as
     the ConversionError that `convert` promises."""
     try:
         yield
@@ -183,6 +174,8 @@ def _write(request: _Request, ckpt, config, plan, folder: Path, shard_size: int 
     from .structure import check_plan, check_written
 
     _write_config(config, folder, request.result)
+    for name, text in (request.result.files(config) if request.result.files else {}).items():
+        (folder / name).write_text(text)
     check_plan(plan, request.result, folder)
     write_weights(plan, folder, shard_size or max(1, ckpt.largest_file_bytes // 2),
                   desc=" -> ".join(_kinds(request, ckpt, config)))
@@ -213,21 +206,30 @@ def _report(request: _Request, dst: Path, result_kind: str, plan: dict, copied: 
 
 def _write_file(request: _Request, src, dst, *, overwrite: bool, allow_pickle: bool, verify: bool | None,
                 folder_options: dict[str, bool]) -> Path:
-    """An export to one file (`Format.write_file`, e.g. GGUF): written whole or not at all, the source's structure
-    checked first and `--verify` against the format's own reader; none of a folder's options."""
-    from .io import Checkpoint
+    """An export that is not a folder of safetensors: one file (`Format.write_file`, e.g. GGUF) or a folder of the
+    format's own files (`Format.write_folder`, e.g. ONNX, with SRC's tokenizer and generation files carried beside
+    them), written whole or not at all, the source's structure checked first and `--verify` against the format's own
+    reader; none of a safetensors folder's options."""
+    from .io import Checkpoint, carry_files, files_to_carry
     from .structure import check_source
 
+    folder = request.fmt.write_folder is not None
     given = [flag for flag, used in folder_options.items() if used]
     if given:
-        raise ConversionError(f"{' and '.join(given)} apply to folder outputs; {request.flag} writes one file.")
+        writes = "its own files, not safetensors" if folder else "one file"
+        raise ConversionError(f"{' and '.join(given)} apply to safetensors folder outputs; {request.flag} writes "
+                              f"{writes}.")
     src, dst = Path(src), Path(dst)
-    with _refusals_as_conversion_errors(request.flag), output_file(dst, inputs=[src], overwrite=overwrite,
-                                                                    label="DST") as tmp:
+    output = output_folder if folder else output_file
+    with _refusals_as_conversion_errors(request.flag), output(dst, inputs=[src], overwrite=overwrite,
+                                                               label="DST") as tmp:
         ckpt = Checkpoint(src, allow_pickle=allow_pickle)
+        carried = files_to_carry(src)[0] if folder else {}
         check_source(ckpt, request.source)
         verify = _verify_by_default(ckpt) if verify is None else verify
-        vocab_size, report = request.fmt.write_file(ckpt, tmp)
+        write = request.fmt.write_folder if folder else request.fmt.write_file
+        vocab_size, report = write(ckpt, tmp, **request.options)
+        carry_files(carried, tmp)
         if verify:
             _verify(request, src, tmp, {"vocab_size": vocab_size}, allow_pickle)
     say(f"wrote {dst} ({report})")
@@ -245,8 +247,8 @@ def convert(
     allow_pickle: bool = False,
     verify: bool | None = None,
     max_shard_size: int | str | None = None,
-    allow_o_proj_bias: bool = False,
     carry_code: bool = False,
+    **export_options,
 ) -> Path:
     """Converts the checkpoint folder `src` into the new folder `dst` and returns `dst`.
 
@@ -256,13 +258,12 @@ def convert(
     the size of the largest weight file of `src`: peak memory is about one output shard plus the imports (~0.45 GB),
     which keeps it within 1.5x the largest input shard for shards of 0.5 GB or more. SRC's tokenizer, generation and
     licence files are carried into `dst`, and its own `*.py` code only with `carry_code` (said when done).
-    `allow_o_proj_bias`: with `to_format="qwen3_5"` or `"qwen3_next"`, export a model with Qwen3's
-    `attention_bias` (an o_proj bias, which stock Transformers computes and vLLM's models drop) instead of
-    refusing it. Raises `ConversionError` (a `ValueError`) with the reason, and `VerificationError` if
+    `export_options`: the options of the format exported to (`FORMATS[to_format].export_options`, which
+    `gated-qwen convert --help` lists), e.g. `allow_o_proj_bias=True` with `to_format="qwen3_5"`. Raises `ConversionError` (a `ValueError`) with the reason, and `VerificationError` if
     verification fails; nothing is written then.
     """
-    request = _request(from_format, to_format, add_gate, allow_o_proj_bias)
-    if request.export and request.fmt.write_file is not None:
+    request = _request(from_format, to_format, add_gate, export_options)
+    if request.export and (request.fmt.write_file is not None or request.fmt.write_folder is not None):
         return _write_file(request, src, dst, overwrite=overwrite, allow_pickle=allow_pickle, verify=verify,
                            folder_options={"--max-shard-size": max_shard_size is not None, "--carry-code": carry_code})
     from .io import Checkpoint, carry_files, files_to_carry, parse_size

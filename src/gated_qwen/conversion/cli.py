@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-from ..outputs import say
+from ..files import say
 from . import FORMATS, FROM_FORMATS, TO_FORMATS, VERIFY_MAX_PARAMETERS, VERIFY_RTOL, ConversionError
+from .formats import described, export_options, taking
 
 
 def run(args: argparse.Namespace) -> int:
@@ -26,21 +27,20 @@ def run(args: argparse.Namespace) -> int:
     if args.src is None or args.dst is None:
         raise ConversionError("give SRC and DST (gated-qwen convert SRC DST --from FORMAT | --to FORMAT), or --clean "
                               "PATH.")
+    options = {name: getattr(args, name) for name in export_options() if getattr(args, name) is not None}
     convert(args.src, args.dst, from_format=args.from_format, to_format=args.to_format, add_gate=args.add_gate,
             overwrite=args.overwrite, allow_pickle=args.allow_pickle, verify=args.verify,
-            max_shard_size=args.max_shard_size, allow_o_proj_bias=args.allow_o_proj_bias,
-            carry_code=args.carry_code)
+            max_shard_size=args.max_shard_size, carry_code=args.carry_code, **options)
     return 0
 
 
 def register(subparsers) -> None:
-    formats = "; ".join(f"{name}: {fmt.summary}" for name, fmt in FORMATS.items())
     parser = subparsers.add_parser(
         "convert",
-        help="Convert checkpoints: the paper's release, stock Qwen3, Qwen3-MoE, Qwen3.5, Qwen3-Next <-> gated_qwen.",
+        help=f"Convert checkpoints between gated_qwen and {', '.join(FORMATS)}.",
         description=(
             "Import a checkpoint into gated_qwen (--from) or export a gated_qwen checkpoint (--to). Formats: "
-            f"{formats}. Tensors are streamed; the structure (every tensor once, shapes from the written config) is "
+            f"{described(FORMATS)}. Tensors are streamed; the structure (every tensor once, shapes from the written config) is "
             "checked whatever --verify says; DST is built in a staging folder beside it (.DST.writing-PID-XXXX) and "
             "renamed into place when complete. Exit status: 0 converted, 1 verification failed, 2 refused; "
             "nothing is written unless 0."
@@ -72,13 +72,13 @@ def register(subparsers) -> None:
     parser.add_argument("--max-shard-size", default=None, metavar="SIZE",
                         help="largest output shard, e.g. 2GB (default: half the largest weight file of SRC; peak "
                              "memory is about one output shard)")
-    parser.add_argument("--allow-o-proj-bias", action="store_true",
-                        help="with --to qwen3_5 / qwen3_next: export a model with attention_bias (an o_proj bias) "
-                             "anyway, with a warning; stock Transformers computes it, vLLM drops that bias "
-                             "(refused without this flag)")
+    for option in export_options().values():  # each format's own, declared in its module
+        value = {"action": "store_true"} if option.metavar is None else {"metavar": option.metavar, "type": option.type}
+        parser.add_argument(option.flag, dest=option.name, default=None, **value,
+                            help=f"with {' / '.join(f'--to {f}' for f in taking(option.name))}: {option.help}")
     parser.add_argument("--clean", metavar="PATH", default=None,
                         help="instead of converting: remove the staging folders (.NAME.writing-*, .NAME.replaced-*) "
                              "that killed runs left beside PATH or inside the folder PATH, and their scratch folders "
-                             "in TMPDIR (gated-qwen-*), when their process has ended (an interrupted replacement is "
+                             "(gated-qwen-* in TMPDIR, or wherever they were made), when their process has ended (an interrupted replacement is "
                              "put back)")
     parser.set_defaults(func=run)

@@ -1,5 +1,6 @@
-"""What a checkpoint format is: one `Format` object carries everything about it, in the format's own module
-(`release.py`, `qwen3.py`, `qwen3_5.py`), and `formats.FORMATS` registers it with one line.
+"""What a checkpoint format is: one `Format` object carries everything about it, in the format's own module under
+`formats/` (`release.py`, `qwen3.py`, `qwen3_5.py`, `gguf.py`, `mlx.py`, `onnx.py`), and `formats.FORMATS`
+registers it with one line.
 
 Standard library only, like the format modules' top level, so that `gated-qwen convert --help` lists the formats
 without the model stack. `loading.py` turns a format's tensor rules into Transformers `WeightConverter`s for
@@ -53,6 +54,24 @@ class TensorRule:
 
 
 @dataclass(frozen=True)
+class ExportOption:
+    """An option of a format's export: `gated-qwen convert --to FORMAT` offers it as `flag` (the name with dashes)
+    and `convert(src, dst, to_format=FORMAT, NAME=value)` takes it; either way it reaches the format's `export` (or
+    `write_file`) as the keyword argument `name`. `metavar` None: a flag (True when given); else a value, read from
+    the command line with `type`. Declared once, in the format's module: the command line, its help and `convert`
+    read it from the registry."""
+
+    name: str
+    help: str
+    metavar: str | None = None
+    type: Callable[[str], Any] = str
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+@dataclass(frozen=True)
 class Format:
     """One checkpoint format, everything about it.
 
@@ -66,10 +85,15 @@ class Format:
       tensor is read), the tensor `rules`, and `ignored` source name prefixes that are not part of the model.
     - Export (`--to`), where `export` is given: `export(checkpoint, **options) -> (config to write, {name:
       TensorPlan})`, the config a config object or, for a format no Transformers class reads, a dict;
-      `export_options` names the keyword arguments it takes (`convert`'s, e.g. `allow_o_proj_bias`).
-    - Export to one file, not a folder (GGUF), where `write_file` is given: `write_file(checkpoint, path) ->
-      (vocab size, a line for the report)` writes the file from the gated_qwen checkpoint (and checks it), and
+      `export_options`: the `ExportOption`s it takes (given ones only reach it as keyword arguments); `files(config)
+      -> {name: text}`, other files it writes beside config.json (the model file mlx-lm runs).
+    - Export to one file, not a folder (GGUF), where `write_file` is given: `write_file(checkpoint, path, **options)
+      -> (vocab size, a line for the report)` writes the file from the gated_qwen checkpoint (and checks it), and
       `file_logits(path, input_ids [B, S]) -> [B, S, vocab]` is the format's reference for `--verify`.
+    - Export to a folder of the format's own files, not safetensors (ONNX), where `write_folder` is given:
+      `write_folder(checkpoint, folder, **options) -> (vocab size, a line for the report)` writes them into the new
+      folder (SRC's tokenizer and generation files are carried beside them), and `file_logits(folder, input_ids)` is
+      the reference for `--verify`.
     - The models: a folder of the format is read by Transformers' causal LM of its `model_type` (the structural
       check builds it, `--verify` runs it as the reference). A format that no Transformers class reads gives instead
       `tensor_shapes(config.json) -> {name: shape}` and `logits(checkpoint, input_ids [B, S]) -> [B, S, vocab]`.
@@ -85,11 +109,13 @@ class Format:
     ignored: tuple[str, ...] = ()
     takes_gate: bool = False
     export: Callable[..., tuple[Any, dict[str, TensorPlan]]] | None = None
-    export_options: tuple[str, ...] = ()
+    export_options: tuple[ExportOption, ...] = ()
+    files: Callable[[Any], dict[str, str]] | None = None
     tensor_shapes: Callable[[dict], dict[str, tuple[int, ...]]] | None = None
     logits: Callable[[Checkpoint, torch.Tensor], torch.Tensor] | None = None
     write_file: Callable[[Checkpoint, Path], tuple[int, str]] | None = None
     file_logits: Callable[[Path, torch.Tensor], torch.Tensor] | None = None
+    write_folder: Callable[[Checkpoint, Path], tuple[int, str]] | None = None
 
     @property
     def imports(self) -> bool:
@@ -99,7 +125,7 @@ class Format:
     @property
     def exports(self) -> bool:
         """`--to NAME`: GatedQwen -> this format."""
-        return self.export is not None or self.write_file is not None
+        return self.export is not None or self.write_file is not None or self.write_folder is not None
 
     def reads_folder(self, config: dict) -> bool:
         """Whether `from_pretrained` reads a folder with this config.json in this format."""

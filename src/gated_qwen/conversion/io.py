@@ -4,7 +4,7 @@
 and `get(name)` reads one tensor with the file mapped just for that read (a memory map that is closed again, so the
 pages it touched stop counting against this process), through the handle opened when the file was checked. `write_weights` computes the output tensors shard by shard
 from a plan (`name -> TensorPlan`) and saves each shard with `safetensors.torch.save_file` into a staging folder
-(`gated_qwen.outputs`). Peak memory is about one output shard (plus the imports); by default an output shard is at
+(`gated_qwen.files`). Peak memory is about one output shard (plus the imports); by default an output shard is at
 most half the largest input file. Every way a folder can be unreadable (config.json, the index, a shard, a pickle)
 is a `ConversionError` that names the file.
 
@@ -37,8 +37,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
-from ..outputs import write_json
-from ..reading import read_json_object
+from ..files import read_json_object, write_json
 from .errors import ConversionError
 
 SAFETENSORS_DTYPES = {
@@ -367,11 +366,11 @@ def files_to_carry(src: Path, carry_code: bool = False) -> tuple[dict[str, Sourc
 @functools.cache
 def shipped_code() -> frozenset[str]:
     """The code files a saved gated_qwen folder ships, which `save_pretrained` copies from this package (each
-    modeling module and the files it imports relatively): not someone else's code. The package's other modules
-    (`hub.py`, `cli.py`...) are not among them, so SRC's files of those names are SRC's own."""
+    modeling module and the files it imports relatively, all of `model/`): not someone else's code. The package's
+    other modules (`hub.py`, `cli.py`...) are not among them, so SRC's files of those names are SRC's own."""
     from transformers.dynamic_module_utils import get_relative_import_files
 
-    from .. import modeling_gated, modeling_gated_moe
+    from ..model import modeling_gated, modeling_gated_moe
 
     return frozenset(Path(file).name for module in (modeling_gated, modeling_gated_moe)
                      for file in [module.__file__, *get_relative_import_files(module.__file__)])

@@ -3,15 +3,16 @@ Qwen3-MoE, Qwen3.5 / Qwen3-Next) directly, through Transformers' load-time weigh
 
 The code a saved folder ships reads gated_qwen folders only; `read_other_formats`, which `gated_qwen.register()`
 calls, gives the package's classes (`GatedQwenConfig`, `GatedQwenPreTrainedModel` and their subclasses) a
-`get_config_dict` and a `from_pretrained` that also read these formats. For such a folder they translate config.json
+`get_config_dict` and a `_read_pretrained` (the loading step of the shipped `from_pretrained`) that also read these
+formats. For such a folder they translate config.json
 (`Format.config_fields`) and load the tensors with the format's rules turned into `WeightConverter`s.
 Transformers looks conversions up by the class of the model it builds, so the folder is loaded through a *reading
 class*: a subclass of the requested class, one per (class, format), whose name the format's converters are
 registered under; the loaded model is then given back its own class, so it computes, saves (in the gated_qwen
 layout) and reports itself as that class. A gated_qwen folder never meets a converter: it loads as Transformers loads
 any model (with Qwen3-MoE's expert layout for a mixture of experts, registered in `modeling_gated_moe.py`). Either
-way a folder that lacks a gate tensor its config has, or holds one of another shape, is refused rather than
-starting that gate at random.
+way the shipped `from_pretrained` refuses a folder that lacks a gate tensor its config has, or holds one of another
+shape, rather than starting that gate at random.
 
 A local folder's tensors are checked against its config.json from the safetensors headers before anything is read
 (`Format.check` and the structural check of `structure.py`), so a mismatch is one error that names the
@@ -19,7 +20,7 @@ tensor, not Transformers' conversion report. Quantized loading (`quantization_co
 only: Transformers' quantizers take one tensor per conversion, and these conversions make several of one (the gate
 rows of a packed q_proj); such a folder is refused, naming `gated-qwen convert`.
 
-Transformers internals this relies on (tests/test_transformers_compat.py runs them under every version supported):
+Transformers internals this relies on (tests/model/test_transformers_compat.py runs them under every version supported):
 conversions are looked up by the model class's name, and `model.__class__` may be reassigned after loading.
 """
 
@@ -38,10 +39,10 @@ from transformers.conversion_mapping import register_checkpoint_conversion_mappi
 from transformers.core_model_loading import ConversionOps, WeightConverter
 from transformers.utils import logging
 
-from ..configuration_gated import FIELDS, GATED_MODEL_TYPES, GatedQwenConfig, model_type_error
+from ..model.configuration_gated import FIELDS, GATED_MODEL_TYPES, GatedQwenConfig, model_type_error
 from .errors import CheckpointFormatError
 from .format import Context, Format, Shard, TensorRule, layer_of
-from .formats import format_of
+from .formats import FORMATS, format_of
 from .plans import gated_config
 from .shared import A7_NOTE, source_dtype
 
@@ -53,7 +54,7 @@ DOWNLOAD_KWARGS = ("cache_dir", "force_download", "proxies", "token", "revision"
 
 def read_other_formats(config_class: type, model_class: type) -> None:
     """Gives `config_class` (GatedQwenConfig) and `model_class` (GatedQwenPreTrainedModel), and so their subclasses,
-    the `get_config_dict` and `from_pretrained` of this module. Idempotent."""
+    the `get_config_dict` and `_read_pretrained` of this module. Idempotent."""
 
     def get_config_dict(cls, pretrained_model_name_or_path, **kwargs):
         """config.json of a GatedQwen folder of this model type, or of a folder in a format the gated_qwen package
@@ -67,24 +68,16 @@ def read_other_formats(config_class: type, model_class: type) -> None:
             raise ValueError(model_type_error(cls, config_dict, str(pretrained_model_name_or_path)))
         return config_dict, kwargs
 
-    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
-        """Transformers' `from_pretrained`, which also reads the paper's release, stock Qwen3 / Qwen3-MoE and
-        Qwen3.5 / Qwen3-Next folders (a mixture of experts only through the GatedQwenMoe* classes). A folder that
-        lacks a gate tensor its config has, or holds one of another shape (even with
-        `ignore_mismatched_sizes=True`), is refused rather than starting that gate at random. The loaded model
-        saves in the gated_qwen format."""
-        wants_info = kwargs.get("output_loading_info", False)
-        allows_mismatch = kwargs.get("ignore_mismatched_sizes", False)
-        # Loaded either way, so that a mismatch is refused below by name (Transformers raises a RuntimeError that
-        # points at its log); with the caller's ignore_mismatched_sizes=True only non-gate tensors may be re-started.
-        kwargs.update(output_loading_info=True, ignore_mismatched_sizes=True)
-        model, info = (read_folder(cls, model_class, pretrained_model_name_or_path, *args, **kwargs)
-                       or super(model_class, cls).from_pretrained(pretrained_model_name_or_path, *args, **kwargs))
-        refuse_unloaded_tensors(model, info, allows_mismatch)
-        return (model, info) if wants_info else model
+    def read_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """`(model, loading info)` of Transformers' `from_pretrained`, which also reads the paper's release, stock
+        Qwen3 / Qwen3-MoE and Qwen3.5 / Qwen3-Next folders (a mixture of experts only through the GatedQwenMoe*
+        classes). The shipped `from_pretrained` that calls this refuses a missing or misshapen gate tensor either
+        way. The loaded model saves in the gated_qwen format."""
+        return (read_folder(cls, model_class, pretrained_model_name_or_path, *args, **kwargs)
+                or super(model_class, cls).from_pretrained(pretrained_model_name_or_path, *args, **kwargs))
 
     config_class.get_config_dict = classmethod(get_config_dict)
-    model_class.from_pretrained = classmethod(from_pretrained)
+    model_class._read_pretrained = classmethod(read_pretrained)
 
 
 def gated_config_dict(config_dict: dict, kwargs: dict) -> dict:
@@ -94,7 +87,8 @@ def gated_config_dict(config_dict: dict, kwargs: dict) -> dict:
     gate = {field: kwargs.pop(field) for field in FIELDS if field in kwargs}
     if gate and not fmt.takes_gate:
         raise CheckpointFormatError(
-            f"gate fields {sorted(gate)} can only be added to a stock Qwen3 or Qwen3-MoE model; this folder is in "
+            f"gate fields {sorted(gate)} can only be added to a folder in the "
+            f"{' or '.join(name for name, f in FORMATS.items() if f.takes_gate)} format; this folder is in "
             f"the {fmt.name} format ({fmt.summary}), whose gate is given by its checkpoint."
         )
     fields = fmt.config_fields(config_dict, gate or None)
@@ -132,32 +126,6 @@ def read_folder(model_class: type, base: type, pretrained_model_name_or_path, *a
     model.__class__ = model_class  # it computes, saves and reports itself as the class asked for
     model._weight_conversions = None  # saved with `model_class`'s own conversions: the gated_qwen layout
     return model, info
-
-
-def refuse_unloaded_tensors(model, info: dict, allows_mismatch: bool) -> None:
-    """Refuses a loaded model whose loading `info` says a gate tensor was missing or of another shape, or (unless
-    `allows_mismatch`) any tensor of another shape, naming it."""
-    mismatched = sorted((key if isinstance(key, tuple) else (key, None, None)) for key in info["mismatched_keys"])
-    not_loaded = sorted(name for name in [*info["missing_keys"], *(name for name, *_ in mismatched)]
-                        if ".self_attn.gate." in name)
-    if not_loaded:
-        missing = not_loaded[0] in info["missing_keys"]
-        raise ValueError(
-            f"the checkpoint has {'no tensor' if missing else 'a tensor of another shape'} for {not_loaded[0]}"
-            + (f" (and {len(not_loaded) - 1} more gate tensors)" if len(not_loaded) > 1 else "")
-            + f", yet its config has a gate (gate_position={model.config.gate_position!r}); refusing to start "
-            "that gate at random. Load the folder with the config it was saved with, or pass gate fields only to "
-            "add a gate to a stock Qwen3 folder."
-        )
-    if mismatched and not allows_mismatch:
-        name, stored, expected = mismatched[0]
-        shapes = f" has shape {list(stored)}, not the {list(expected)} its config gives" if stored else (
-            " has another shape than its config gives")
-        raise ValueError(
-            f"the checkpoint's {name}{shapes}" + (f" (and {len(mismatched) - 1} more tensors)" if len(mismatched)
-                                                  > 1 else "")
-            + "; load the folder with the config it was saved with (ignore_mismatched_sizes=True would start "
-            "such tensors, other than the gate's, at random).")
 
 
 def check_folder(folder: Path, fmt: Format, config) -> None:

@@ -13,10 +13,10 @@ from collections.abc import Callable
 
 import torch
 
-from ..configuration_gated import GatedQwenConfig, GatedQwenMoeConfig
-from ..gating import gate_shape, gated_layers
-from ..modeling_gated import GatedQwenForCausalLM
-from ..modeling_gated_moe import GatedQwenMoeForCausalLM
+from ..model.configuration_gated import GatedQwenConfig, GatedQwenMoeConfig
+from ..model.gating import gate_shape, gated_layers
+from ..model.modeling_gated import GatedQwenForCausalLM
+from ..model.modeling_gated_moe import GatedQwenMoeForCausalLM
 from .errors import ConversionError
 from .format import Context, Format, Shard, layer_of, rule_for
 from .io import Checkpoint, TensorPlan

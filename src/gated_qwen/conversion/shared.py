@@ -4,7 +4,7 @@ and the note that goes with it. Standard library only."""
 
 from __future__ import annotations
 
-from ..reading import parse_json
+from ..files import parse_json
 from .errors import CheckpointFormatError
 
 # The Qwen3 fields that every format here shares with GatedQwenConfig (same names, same meaning).

@@ -91,7 +91,7 @@ def compare(found: dict[str, Shape], layout: list[list[dict[str, Shape]]], *, un
 
 def tensor_layout(fmt: Format, config_dict: dict) -> list[list[dict[str, Shape]]]:
     """The layout (`model_layout`) of the model of format `fmt` that `config_dict` (a config.json) describes."""
-    from ..reading import config_from_dict
+    from ..files import config_from_dict
 
     if fmt.tensor_shapes is not None:  # a format no Transformers class reads
         return [[{name: shape}] for name, shape in fmt.tensor_shapes(config_dict).items()]
@@ -104,7 +104,7 @@ def source_problem(fmt: Format, config_dict: dict, found: dict[str, Shape], conf
     describes (`compare`; tensors the model does not use are the planner's to refuse). A missing tensor from which
     the format reads a gate of `config` (GatedQwen's config of the source: the release's and Qwen3.5's q_proj hold a
     layer's gate rows with its queries) is said to hold it, as a missing gate tensor is."""
-    from ..gating import gated_layers
+    from ..model.gating import gated_layers
 
     layers = set(gated_layers(config)) if config is not None else set()
 

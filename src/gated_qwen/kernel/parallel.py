@@ -446,7 +446,10 @@ def backward(dy, q, k, v, gate, out, lse, causal, scale, cu_seqlens_q, cu_seqlen
 # Custom op (torch.compile traces the fake implementations) and autograd
 # --------------------------------------------------------------------------------------------------------------------
 
-_OP_NAMESPACE = "gated_qwen"
+# The top-level package this copy of the kernel is imported as: "gated_qwen" for the package's, the Hub kernel's own
+# module name (its metadata id, e.g. "_gated_qwen_kernel_<hash>") for a copy loaded by `kernels`, so that the two
+# copies in one process register separate ops and each runs its own code.
+_OP_NAMESPACE = __name__.split(".")[0]
 
 
 def _define_ops():

@@ -1,7 +1,7 @@
 """The block configurations the autotuner may try, per kernel, GPU architecture family, head-dim class and Triton
 version, and the autotuner's hooks that apply them (`autotune_configs`, `prune_configs`).
 
-Adding a tile is one tuple here (CONTRIBUTING.md, "Adding a kernel tile"); tests/test_kernel_aot.py compiles every
+Adding a tile is one tuple here (CONTRIBUTING.md, "Adding a kernel tile"); tests/kernel/test_kernel_aot.py compiles every
 entry for sm_80 and sm_90. The tables import without Triton (tests/kernel_aot.py and benchmarks/gpu_check.py read
 them); `triton.Config`s are built only when the kernels are defined.
 """
@@ -15,7 +15,7 @@ from .launch import INTERPRET, TRITON_VERSION, triton
 # --------------------------------------------------------------------------------------------------------------------
 #
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) that the autotuner may try, per kernel, architecture family and head-dim
-# class (BLOCK_D: 64 for D <= 64, 128, 256). Every entry compiles ahead of time (tests/test_kernel_aot.py,
+# class (BLOCK_D: 64 for D <= 64, 128, 256). Every entry compiles ahead of time (tests/kernel/test_kernel_aot.py,
 # tests/kernel_aot.py) within the architecture's shared memory, without register spills, and with wgmma (MMA v3)
 # on sm_90 for 16-bit inputs; configurations that spill or overflow shared memory are left out here, so the tuner
 # never tries them.

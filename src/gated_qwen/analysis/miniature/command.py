@@ -1,6 +1,6 @@
 """What `gated-qwen reproduce` does once its flags are parsed (`analysis.cli`): the plan the flags ask for, every
 check before training (seeds, corpus lengths, memory, configs), the runs, the held-out documents and the report,
-written through `gated_qwen.outputs` (whole or not at all; an existing output replaced only with `--overwrite`).
+written through `gated_qwen.files` (whole or not at all; an existing output replaced only with `--overwrite`).
 
 The report's `meta` says which rows judged it: the commit that last changed `directions.py` as run
 (`directions_commit`), whether the file is unchanged from that commit (`directions_file_clean`) and whether the
@@ -17,7 +17,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from ...outputs import check_output, output_folder
+from ...files import check_output, output_folder
 from ..memory import check_training_fits
 
 

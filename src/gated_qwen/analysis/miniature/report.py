@@ -1,5 +1,5 @@
 """What `gated-qwen reproduce` writes: `report.md`, `report.json`, `directions.json` (the judged directions alone,
-small enough to commit) and PNG plots, into a folder (the command's staging folder from `gated_qwen.outputs`).
+small enough to commit) and PNG plots, into a folder (the command's staging folder from `gated_qwen.files`).
 
 A table per model family comes first (each number's median and range over the family's seeds), then the
 long-context model's recall and low bits; then every direction of `directions.DIRECTIONS` whose models were trained,
@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ...outputs import write_json
+from ...files import write_json
 from .. import plots
 from ..quantize import SCHEMES
 from ..report import QUANTIZATION_NOTE, _fmt, _head_mean, _increase, markdown_table

@@ -102,7 +102,7 @@ def run_in_workers(task: Callable, items: Iterable, jobs: int) -> Iterator:
                 yield future.result()
         except BrokenProcessPool:
             _stop(executor, now=True)
-            from ...outputs import clean_stale_scratch
+            from ...files import clean_stale_scratch
 
             clean_stale_scratch()  # the lost worker's, whose lock ended with it
             raise WorkerLost(_how_it_was_lost(workers.values(), jobs)) from None

@@ -1,0 +1,72 @@
+"""The checkpoint formats GatedQwen reads and writes besides its own, in one registry: one line per format.
+
+Each format is one `Format` object (`format.py`), defined in its own module here (`release.py`, `qwen3.py`,
+`qwen3_5.py`, `gguf.py`), which is all there is to know about it: its detection, config translation and tensor
+rules, export and its options, and the models that read and check it. Every list of formats or options in a
+message or help text is made from this registry. Standard library only: `gated-qwen convert --help` reads the registry
+without the model stack. `GATED` is this package's own format, the other end of every conversion.
+"""
+
+from __future__ import annotations
+
+from ..errors import CheckpointFormatError
+from ..format import ExportOption, Format
+from . import gguf, mlx, onnx, qwen3, qwen3_5, release
+
+# The order in which `format_of` asks the formats (the release before stock Qwen3: both are model_type qwen3).
+FORMATS: dict[str, Format] = {fmt.name: fmt for fmt in (
+    release.RELEASE,
+    qwen3.QWEN3,
+    qwen3_5.QWEN3_5,
+    qwen3_5.QWEN3_NEXT,
+    qwen3.QWEN3_MOE,
+    gguf.GGUF,
+    mlx.MLX,
+    onnx.ONNX,
+)}
+FROM_FORMATS = tuple(name for name, fmt in FORMATS.items() if fmt.imports)
+TO_FORMATS = tuple(name for name, fmt in FORMATS.items() if fmt.exports)
+
+GATED = Format("gated_qwen", "this package's own folders, dense or mixture-of-experts",
+               reads=("gated_qwen", "gated_qwen_moe"))
+
+
+def described(names) -> str:
+    """The formats `names` with what each is, for a message or help text: "release (the paper's ...); qwen3 (...)"."""
+    return "; ".join(f"{name} ({FORMATS[name].summary})" for name in names)
+
+
+def export_options() -> dict[str, ExportOption]:
+    """Every export option of every format, by name (formats that share one share the object)."""
+    return {option.name: option for fmt in FORMATS.values() for option in fmt.export_options}
+
+
+def taking(option: str) -> tuple[str, ...]:
+    """The export formats that take the export option named `option`."""
+    return tuple(name for name in TO_FORMATS if any(o.name == option for o in FORMATS[name].export_options))
+
+
+def format_of(config: dict) -> Format | None:
+    """The format `from_pretrained` reads a folder with this config.json in: None for a gated_qwen or
+    gated_qwen_moe folder, else the first of `FORMATS` that detects it. Raises `CheckpointFormatError` for a model
+    type no format reads."""
+    if GATED.reads_folder(config):
+        return None
+    found = next((fmt for fmt in FORMATS.values() if fmt.reads_folder(config)), None)
+    if found is None:
+        raise CheckpointFormatError(
+            f"config.json has model_type={config.get('model_type')!r}; GatedQwen reads gated_qwen and "
+            f"gated_qwen_moe folders and these formats: {described(FROM_FORMATS)}. Convert other checkpoints to one "
+            "of these first."
+        )
+    return found
+
+
+def model_class(model_type: str) -> type:
+    """The causal LM class that reads a folder of `model_type`: Transformers' (`AutoModelForCausalLM`'s mapping),
+    in which the gated_qwen package has registered its own (`gated_qwen.register`, which runs as soon as
+    Transformers is imported beside the package)."""
+    from transformers import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    return MODEL_FOR_CAUSAL_LM_MAPPING[CONFIG_MAPPING[model_type]]

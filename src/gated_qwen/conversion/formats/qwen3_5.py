@@ -1,0 +1,314 @@
+"""Transformers' Qwen3.5 text model (`Qwen3_5ForCausalLM`, model_type `qwen3_5_text`) and Qwen3-Next
+(`Qwen3NextForCausalLM`, `qwen3_next`) with every layer full attention.
+
+Qwen3.5's full-attention layer is a Qwen3 attention with the G1 elementwise sigmoid gate: `q_proj` has 2·H·D rows,
+viewed per head as `[q_h (D rows) | gate_h (D rows)]`, and `attn * sigmoid(gate)` is applied before `o_proj`.
+Qwen3-Next is the same attention with Qwen3-MoE's router and experts plus a shared expert scaled by
+`sigmoid(shared_expert_gate(x))`: with `shared_expert_intermediate_size` set, GatedQwen-MoE computes it exactly, and
+its MLP tensors have the same names and on-disk layout, so they pass through. The differences are in the format, not
+the function:
+
+- Every RMSNorm (input_layernorm, post_attention_layernorm, the final norm, q_norm and k_norm) computes
+  `x̂ · (1 + w)`: weights are stored zero-centred, so import adds 1 and export subtracts 1, in float32 (16-bit norm
+  weights are written in float32 so that the shift loses nothing).
+- RoPE covers `partial_rotary_factor` of each head (stored in `rope_parameters`, default 0.25): export writes 1.0,
+  import requires 1.0.
+- `layer_types` may mix `linear_attention` (Gated DeltaNet) and `full_attention`: export writes all
+  `full_attention`, and `full_attention_interval` 1, which says the same to readers that go by the interval
+  (llama.cpp's converter; Transformers when `layer_types` is absent; absent, it means 4); import requires that.
+- `attention_bias` puts a bias on q (gate rows included), k, v and o together; missing biases are written as zeros.
+  Serving engines read it otherwise: vLLM's Qwen3.5 / Qwen3-Next attention takes the q/k/v bias from `qkv_bias`, has
+  no o_proj bias, and skips bias tensors it does not expect without a word. The export therefore also writes
+  `qkv_bias` (a gate bias, whose o_proj bias is zeros, is then exact in vLLM too) and refuses a model with Qwen3's
+  `attention_bias` (an o_proj bias those engines drop), naming the native folder, unless `allow_o_proj_bias` (the
+  command line's `--allow-o-proj-bias`) asks for it anyway, for stock Transformers, with a warning.
+- Multi-token-prediction heads (`mtp.*`) are not part of the causal LM: left out, as the stock classes do.
+
+Export covers every G1 sigmoid multiplicative gate exactly: headwise and head-shared gates are repeated over the
+elements / heads they share; layers without a gate and input-independent gates become zero gate rows (sigmoid 0.5)
+with o_proj's columns multiplied by 2·(gate value). Other gates are refused with the reason. Qwen3-Next's sparse
+layers always have a shared expert, so a GatedQwen-MoE exports to it only with one; a dense model is refused,
+naming `--to qwen3_5` (vLLM's Qwen3-Next needs a sparse layer). Import gives a G1 elementwise
+sigmoid GatedQwen (a GatedQwen-MoE for a Qwen3-Next with experts); `--from qwen3_5` refuses mixture-of-experts
+layers, naming `--from qwen3_next`. Qwen3-Next has no router z-loss: `router_z_loss_coef` is not carried over.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING
+
+from ..errors import CheckpointFormatError, ConversionError
+from ..format import Context, ExportOption, Format, TensorRule
+from ..shared import MOE_FIELDS, QWEN3_FIELDS, source_dtype
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..io import Checkpoint
+
+
+def interleave_heads(queries: torch.Tensor, gates: torch.Tensor, heads: int) -> torch.Tensor:
+    """`queries, gates: [H*D, ...]` -> Qwen3.5 `q_proj` rows `[H*2D, ...]`, per head `[q_h | gate_h]`."""
+    import torch
+
+    rest = queries.shape[1:]
+    return torch.cat([queries.view(heads, -1, *rest), gates.view(heads, -1, *rest)], dim=1).reshape(-1, *rest)
+
+
+def split_heads(packed: torch.Tensor, heads: int, part: int) -> torch.Tensor:
+    """Qwen3.5 `q_proj` rows `[H*2D, ...]` -> the queries `[H*D, ...]` (`part=0`) or the gates `[H*D, ...]`
+    (`part=1`)."""
+    return packed.view(heads, 2, -1, *packed.shape[1:])[:, part].reshape(-1, *packed.shape[1:])
+
+
+def from_zero_centred(weight: torch.Tensor) -> torch.Tensor:
+    """A Qwen3.5 / Qwen3-Next RMSNorm weight `[dim]` (the norm computes `x̂·(1 + w)`) -> GatedQwen's (`x̂·w`):
+    `w + 1`, computed in float32 (and kept there for 16-bit weights). `to_zero_centred` is its inverse."""
+    from ..plans import norm_dtype
+
+    return (weight.float() + 1).to(norm_dtype(weight.dtype))
+
+
+def to_zero_centred(weight: torch.Tensor) -> torch.Tensor:
+    """GatedQwen's RMSNorm weight `[dim]` -> Qwen3.5's zero-centred one: `w - 1` (the inverse of
+    `from_zero_centred`)."""
+    return weight - 1
+
+
+def moe_layers(layers: int, num_experts: int, mlp_only_layers: list[int] | None, sparse_step: int) -> list[int]:
+    """The mixture-of-experts layers of a Qwen3-MoE / Qwen3-Next config (none with `num_experts=0`)."""
+    dense = set(mlp_only_layers or [])
+    return [i for i in range(layers) if num_experts and i not in dense and (i + 1) % sparse_step == 0]
+
+
+# ------------------------------------------------------------------------------------------------------ import
+def qwen3_5_config_fields(cfg: dict, gate: dict | None = None) -> dict:
+    """GatedQwenConfig fields (G1 elementwise sigmoid gate) of a Qwen3.5 text or Qwen3-Next config.json whose
+    layers are all full attention with RoPE on the whole head; Qwen3-Next's experts come along."""
+    from transformers import Qwen3_5TextConfig, Qwen3NextConfig
+
+    model_type = cfg.get("model_type")
+    if model_type == "qwen3_5":
+        raise CheckpointFormatError(
+            "the folder is a Qwen3.5 vision-language checkpoint (model_type 'qwen3_5'); use its text model "
+            "(model_type 'qwen3_5_text', e.g. saved from Qwen3_5ForCausalLM)."
+        )
+    cls = Qwen3_5TextConfig if model_type == "qwen3_5_text" else Qwen3NextConfig
+    stock = cls(**{k: v for k, v in cfg.items() if k not in ("model_type", "architectures", "auto_map")})
+    linear = [i for i, t in enumerate(stock.layer_types) if t != "full_attention"]
+    if linear:
+        raise CheckpointFormatError(
+            f"layers {linear} are {stock.layer_types[linear[0]]!r} (Gated DeltaNet linear attention), which GatedQwen "
+            "does not have; only checkpoints whose layer_types are all 'full_attention' are GatedQwen models."
+        )
+    factor = stock.rope_parameters.get("partial_rotary_factor", 1.0)
+    if factor != 1.0:
+        raise CheckpointFormatError(
+            f"the checkpoint rotates only part of each head (partial_rotary_factor={factor}); GatedQwen applies RoPE "
+            "to the whole head, so only checkpoints with partial_rotary_factor 1.0 are GatedQwen models."
+        )
+    rope = {k: v for k, v in stock.rope_parameters.items()
+            if k not in ("partial_rotary_factor", "mrope_section", "mrope_interleaved")}  # text: one position a token
+    fields = dict({k: getattr(stock, k) for k in QWEN3_FIELDS}, rope_parameters=rope, use_qk_norm=True,
+                  gate_position="sdpa", gate_granularity="elementwise", gate_bias=stock.attention_bias)
+    if model_type == "qwen3_next" and moe_layers(stock.num_hidden_layers, stock.num_experts, stock.mlp_only_layers,
+                                                 stock.decoder_sparse_step):
+        fields.update({k: getattr(stock, k) for k in MOE_FIELDS},
+                      shared_expert_intermediate_size=stock.shared_expert_intermediate_size,
+                      mlp_only_layers=stock.mlp_only_layers or None)
+    return fields
+
+
+def check_q_proj_rows(cfg: dict, config, shapes: dict[str, tuple[int, ...]]) -> None:
+    """Refuses a `q_proj` whose rows are not the 2·H·D of `split_heads`."""
+    heads, head_dim = config.num_attention_heads, config.head_dim
+    for layer in range(config.num_hidden_layers):
+        for kind in ("weight", "bias"):
+            name = f"model.layers.{layer}.self_attn.q_proj.{kind}"
+            if name in shapes and shapes[name][0] != 2 * heads * head_dim:
+                raise CheckpointFormatError(
+                    f"{name} has {shapes[name][0]} rows; Qwen3.5 attention has 2·H·D = {2 * heads * head_dim} "
+                    f"(H={heads}, D={head_dim}): the queries and the gate of each head."
+                )
+
+
+def dense_config_fields(cfg: dict, gate: dict | None = None) -> dict:
+    """`qwen3_5_config_fields` of a dense model: `--from qwen3_5` refuses mixture-of-experts layers, naming
+    `--from qwen3_next`."""
+    fields = qwen3_5_config_fields(cfg)
+    sparse = moe_layers(fields["num_hidden_layers"], fields.get("num_experts", 0), fields.get("mlp_only_layers"),
+                        fields.get("decoder_sparse_step", 1))
+    if sparse:
+        raise CheckpointFormatError(
+            f"layers {sparse} of SRC are mixture-of-experts (num_experts={fields['num_experts']}); `--from qwen3_5` "
+            "imports dense models (every layer in mlp_only_layers, or num_experts=0). Use `--from qwen3_next` for a "
+            "Qwen3-Next mixture-of-experts checkpoint."
+        )
+    return fields
+
+
+def split_q_proj(context: Context, packed: torch.Tensor, kind: str) -> dict[str, torch.Tensor]:
+    """`q_proj`'s weight or bias -> the queries and the gate rows of each head."""
+    queries, gates = (split_heads(packed, context.shard.heads, part).contiguous() for part in (0, 1))
+    return {f"self_attn.q_proj.{kind}": queries, f"self_attn.gate.g_proj.{kind}": gates}
+
+
+# `q_proj` split per head into the queries and the gate rows; every RMSNorm weight shifted from zero-centred.
+QWEN3_5_RULES = (
+    *(TensorRule(f"self_attn.q_proj.{kind}", (f"self_attn.q_proj.{kind}", f"self_attn.gate.g_proj.{kind}"),
+                 lambda context, packed, kind=kind: split_q_proj(context, packed, kind)) for kind in ("weight", "bias")),
+    TensorRule("norm.weight", ("norm.weight",), lambda context, weight: {"norm.weight": from_zero_centred(weight)}),
+)
+
+
+# ------------------------------------------------------------------------------------------------------ export
+def all_full_attention(layers: int) -> dict:
+    """Every layer full attention, said both ways engines read it: `layer_types` (Transformers, vLLM) and
+    `full_attention_interval` 1 (llama.cpp's converter writes it into the GGUF; Transformers derives `layer_types`
+    from it, default 4, only where `layer_types` is absent)."""
+    return {"layer_types": ["full_attention"] * layers, "full_attention_interval": 1}
+
+
+ALLOW_O_PROJ_BIAS = ExportOption(
+    "allow_o_proj_bias", "export a model with attention_bias (an o_proj bias) anyway, with a warning; stock "
+    "Transformers computes it, vLLM drops that bias (refused without this flag)")
+O_PROJ_BIAS_REFUSAL = (
+    "this model has attention_bias=True, an o_proj bias, which vLLM's Qwen3.5 / Qwen3-Next attention does not have "
+    "and drops without a word; serve the native gated_qwen folder instead (docs/serving.md), "
+    f"or pass {ALLOW_O_PROJ_BIAS.flag} to write it for stock Transformers, which computes it exactly."
+)
+
+
+def plan_gated_to_qwen3_5(ckpt: Checkpoint, allow_o_proj_bias: bool = False, quiet: bool = False):
+    """`quiet`: no warning for an o_proj bias written (a target that computes it, such as mlx-lm)."""
+    from transformers import Qwen3_5TextConfig
+
+    from ...files import say
+    from ..io import TensorPlan
+    from ..plans import (
+        FINAL_NORM,
+        LAYER_NORMS,
+        TensorMap,
+        check_g1_sigmoid,
+        copy_rest,
+        g1_gate_rows,
+        load_gated_config,
+        shifted_norm,
+        zeros,
+    )
+
+    config = load_gated_config(ckpt)
+    target = "Qwen3.5"
+    check_g1_sigmoid(config, target)
+    if not config.use_qk_norm:
+        raise ConversionError(f"{target} always normalises queries and keys; this model has use_qk_norm=False.")
+    sliding = [i for i, t in enumerate(config.layer_types) if t != "full_attention"]
+    if sliding:
+        raise ConversionError(
+            f"{target} has no sliding-window attention; layers {sliding} of this model are "
+            f"{config.layer_types[sliding[0]]}."
+        )
+    if config.attention_bias and not allow_o_proj_bias:
+        raise ConversionError(O_PROJ_BIAS_REFUSAL)
+    if config.attention_bias and not quiet:
+        say(f"warning: {target}'s o_proj bias is written as asked (--allow-o-proj-bias): stock Transformers computes "
+            "this export exactly; vLLM drops that bias and computes something else.")
+    gated = config.gate_position is not None
+    bias = config.attention_bias or (gated and config.gate_bias)
+    heads, head_dim = config.num_attention_heads, config.head_dim
+
+    tmap = TensorMap(ckpt)
+    for layer in range(config.num_hidden_layers):
+        prefix = f"model.layers.{layer}."
+        attn = prefix + "self_attn."
+        gate_w, gate_b, o_proj = g1_gate_rows(tmap, config, layer, head_dim, with_bias=bias)
+        tmap.put(attn + "o_proj.weight", o_proj)
+        q_w = tmap.take(attn + "q_proj.weight")
+        tmap.put(attn + "q_proj.weight", TensorPlan(
+            (2 * q_w.shape[0], q_w.shape[1]), q_w.dtype,
+            lambda q_w=q_w, gate_w=gate_w: interleave_heads(q_w.make(), gate_w.make().to(q_w.dtype), heads)))
+        if bias:
+            q_b = tmap.take(attn + "q_proj.bias") if config.attention_bias else zeros((heads * head_dim,), q_w.dtype)
+            tmap.put(attn + "q_proj.bias", TensorPlan(
+                (2 * q_b.shape[0],), q_b.dtype,
+                lambda q_b=q_b, gate_b=gate_b: interleave_heads(q_b.make(), gate_b.make().to(q_b.dtype), heads)))
+            if not config.attention_bias:
+                for proj in ("k_proj", "v_proj", "o_proj"):
+                    info = tmap.info(attn + f"{proj}.weight")
+                    tmap.put(attn + f"{proj}.bias", zeros((info.shape[0],), info.dtype))
+        for norm in LAYER_NORMS:
+            shifted_norm(tmap, prefix + norm + ".weight", to_zero_centred)
+    shifted_norm(tmap, FINAL_NORM, to_zero_centred)
+    copy_rest(tmap, config)
+
+    fields = {k: getattr(config, k) for k in QWEN3_FIELDS}
+    fields.update(
+        rope_parameters={**config.rope_parameters, "partial_rotary_factor": 1.0}, attention_bias=bias,
+        **all_full_attention(config.num_hidden_layers),
+    )
+    out = Qwen3_5TextConfig(**fields)
+    if bias:
+        out.qkv_bias = True  # where vLLM reads the q/k/v bias flag (Transformers reads attention_bias)
+    out.architectures = ["Qwen3_5ForCausalLM"]
+    out.dtype = source_dtype(ckpt.config)
+    return out, tmap.finish()
+
+
+def _view(ckpt: Checkpoint, config: dict) -> Checkpoint:
+    """`ckpt` with its config.json replaced by `config` (the tensors are the same)."""
+    view = copy.copy(ckpt)
+    view.config = config
+    return view
+
+
+def plan_gated_to_qwen3_next(ckpt: Checkpoint, allow_o_proj_bias: bool = False):
+    from transformers import Qwen3NextConfig
+
+    from ...model.configuration_gated import GatedQwenConfig, GatedQwenMoeConfig
+    from ..plans import load_gated_config
+
+    config = load_gated_config(ckpt, moe=True)
+    moe = isinstance(config, GatedQwenMoeConfig)
+    if not moe:
+        raise ConversionError(
+            "this model is dense, and a Qwen3-Next without a mixture-of-experts layer is refused by vLLM (\"No "
+            "Qwen3Next layer found\"); use --to qwen3_5, whose model computes the same function in Transformers and "
+            "vLLM. Nothing was written."
+        )
+    if config.shared_expert_intermediate_size == 0:
+        raise ConversionError(
+            "Qwen3-Next's sparse layers always have a shared expert; this model has none "
+            "(shared_expert_intermediate_size=0), so it has no Qwen3-Next equivalent. Nothing was written."
+        )
+    # The attention part is Qwen3.5's: planned on a dense view of the config (the same tensors).
+    moe_only = set(GatedQwenMoeConfig.__dataclass_fields__) - set(GatedQwenConfig.__dataclass_fields__)
+    dense = {k: v for k, v in ckpt.config.items() if k not in (*moe_only, "auto_map")}
+    out35, plan = plan_gated_to_qwen3_5(_view(ckpt, dict(dense, model_type=GatedQwenConfig.model_type)),
+                                        allow_o_proj_bias)
+
+    experts = config.to_dict()  # the tensors pass through
+    fields = {k: getattr(out35, k) for k in QWEN3_FIELDS}
+    fields.update({k: experts[k] for k in (*MOE_FIELDS, "shared_expert_intermediate_size")})
+    fields.update(
+        rope_parameters=out35.rope_parameters, attention_bias=out35.attention_bias,
+        **all_full_attention(config.num_hidden_layers), mlp_only_layers=experts["mlp_only_layers"] or [],
+    )
+    out = Qwen3NextConfig(**fields)
+    if out35.attention_bias:
+        out.qkv_bias = True
+    out.architectures = ["Qwen3NextForCausalLM"]
+    out.dtype = out35.dtype
+    return out, plan
+
+
+QWEN3_5 = Format(
+    "qwen3_5", "Transformers' Qwen3.5 text model (and dense Qwen3-Next), every layer full attention",
+    reads=("qwen3_5_text", "qwen3_next", "qwen3_5"), detect=lambda config: config.get("model_type") != "qwen3_next",
+    config_fields=dense_config_fields, check=check_q_proj_rows, rules=QWEN3_5_RULES, ignored=("mtp.",),
+    export=plan_gated_to_qwen3_5, export_options=(ALLOW_O_PROJ_BIAS,))
+# from_pretrained reads every Qwen3-Next folder in this format, dense or not (QWEN3_5 leaves them to it).
+QWEN3_NEXT = Format(
+    "qwen3_next", "Qwen3-Next, every layer full attention, dense or mixture-of-experts", reads=("qwen3_next",),
+    config_fields=qwen3_5_config_fields, check=check_q_proj_rows, rules=QWEN3_5_RULES, ignored=("mtp.",),
+    export=plan_gated_to_qwen3_next, export_options=(ALLOW_O_PROJ_BIAS,))

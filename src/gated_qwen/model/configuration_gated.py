@@ -1,0 +1,524 @@
+"""GatedQwen configurations: `GatedQwenConfig` (model_type "gated_qwen"), Qwen3's config plus the gate of Qiu et
+al. (2025), and `GatedQwenMoeConfig` ("gated_qwen_moe"), the same with Qwen3-MoE's mixture of experts. Dense and
+mixture-of-experts models are separate model types, as Qwen3 and Qwen3-MoE are.
+
+Each is a strict dataclass like `Qwen3Config`: every field is checked when it is set (at construction and on assignment
+later), the rules that tie fields together when the config is built and by `config.validate()` (which
+`save_pretrained` runs). Errors name the field, the bad value and what is allowed.
+
+This file is copied to the Hugging Face Hub beside `modeling_gated.py` and `modeling_gated_moe.py`: relative imports
+only.
+"""
+
+import re
+from typing import Any, ClassVar, Literal
+
+from huggingface_hub.dataclasses import strict, validated_field
+from huggingface_hub.errors import StrictDataclassError
+from transformers.models.qwen3.configuration_qwen3 import Qwen3Config
+
+from .gating import (
+    ACTIVATIONS,
+    ALIASES,
+    COMBINES,
+    DEFAULTS,
+    FIELDS,
+    GRANULARITIES,
+    HEAD_SHARED_GATE_STYLE,
+    POSITIONS,
+    SDPA_OUTPUT_TRANSFORMS,
+    canonical_position,
+    gate_parameters_per_layer,
+    gated_layers,
+)
+
+# What building or changing a config raises for a bad value: a strict-dataclass error (one field, or a rule across
+# fields) or a ValueError (an unknown gate field, a preset name).
+CONFIG_ERRORS = (ValueError, TypeError, StrictDataclassError)
+
+# This package's model types: dense, and mixture of experts.
+GATED_MODEL_TYPES = ("gated_qwen", "gated_qwen_moe")
+
+
+# What a saved folder's config.json names for loading with `trust_remote_code=True` where the package is absent.
+AUTO_MAP = {
+    "AutoConfig": "configuration_gated.GatedQwenConfig",
+    "AutoModel": "modeling_gated.GatedQwenModel",
+    "AutoModelForCausalLM": "modeling_gated.GatedQwenForCausalLM",
+    "AutoModelForSequenceClassification": "modeling_gated.GatedQwenForSequenceClassification",
+    "AutoModelForTokenClassification": "modeling_gated.GatedQwenForTokenClassification",
+    "AutoModelForQuestionAnswering": "modeling_gated.GatedQwenForQuestionAnswering",
+}
+MOE_AUTO_MAP = {
+    "AutoConfig": "configuration_gated.GatedQwenMoeConfig",
+    "AutoModel": "modeling_gated_moe.GatedQwenMoeModel",
+    "AutoModelForCausalLM": "modeling_gated_moe.GatedQwenMoeForCausalLM",
+    "AutoModelForSequenceClassification": "modeling_gated_moe.GatedQwenMoeForSequenceClassification",
+    "AutoModelForTokenClassification": "modeling_gated_moe.GatedQwenMoeForTokenClassification",
+    "AutoModelForQuestionAnswering": "modeling_gated_moe.GatedQwenMoeForQuestionAnswering",
+}
+
+# The paper's models (appendix table 7): dense ones build a GatedQwenConfig, the MoE a GatedQwenMoeConfig. Gated dense
+# variants shrink the FFN so the parameter count stays equal.
+PAPER_PRESETS: dict[str, dict[str, Any]] = {
+    "dense-1.7b-28l": dict(
+        hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+        num_key_value_heads=8, head_dim=128, tie_word_embeddings=True, use_qk_norm=True,
+        max_position_embeddings=4096,
+    ),
+    "dense-1.7b-48l": dict(
+        hidden_size=1536, intermediate_size=4608, num_hidden_layers=48, num_attention_heads=16,
+        num_key_value_heads=8, head_dim=128, tie_word_embeddings=True, use_qk_norm=True,
+        max_position_embeddings=4096,
+    ),
+    # The 15B-A2B MoE of tables 1, 3 and 4. Gated variants add the gate on top (table 1's +M). `norm_topk_prob` and
+    # the z-loss coefficient are not in the paper: Qwen3's released MoE models normalise the top-k probabilities,
+    # and 1e-3 is ST-MoE's z-loss coefficient.
+    "moe-15a2b": dict(
+        hidden_size=2048, num_hidden_layers=24, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+        num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True,
+        tie_word_embeddings=False, use_qk_norm=True, max_position_embeddings=4096,
+        output_router_logits=True, router_aux_loss_coef=0.001, router_z_loss_coef=0.001,
+    ),
+}
+
+
+def _allowed(values) -> str:
+    return ", ".join(repr(v) for v in values)
+
+
+# ------------------------------------------------------------------------------------------ field validators
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _positive(name: str):
+    def check(value) -> None:
+        if value is not None and (not _is_int(value) or value <= 0):
+            raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+    return check
+
+
+def _at_least_zero(name: str, what: str):
+    def check(value) -> None:
+        if not _is_int(value) or value < 0:
+            raise ValueError(f"`{name}` must be 0 ({what}) or a positive integer, got {value!r}.")
+    return check
+
+
+def _non_negative_number(name: str):
+    def check(value) -> None:
+        if not value >= 0:
+            raise ValueError(f"`{name}` must be a number >= 0, got {value!r}.")
+    return check
+
+
+def _even(value) -> None:
+    if value % 2:
+        raise ValueError(f"`head_dim` must be even for rotary embeddings, got {value}.")
+
+
+def _gate_position(value) -> None:
+    if value is not None and canonical_position(value) not in POSITIONS:
+        raise ValueError(
+            f"`gate_position` must be None (no gate) or one of {_allowed(POSITIONS)} (the paper's "
+            f"{', '.join(ALIASES)}), got {value!r}."
+        )
+
+
+def _num_experts(value) -> None:
+    if not _is_int(value) or value <= 0:
+        raise ValueError(
+            f"`num_experts` must be a positive integer (a GatedQwenMoeConfig has experts; a dense model is a "
+            f"GatedQwenConfig), got {value!r}."
+        )
+
+
+def _layer_list(name: str, meaning: str):
+    def check(value) -> None:
+        if value is not None and (not value or not all(_is_int(i) for i in value)):
+            raise ValueError(f"`{name}` must be None ({meaning}) or a non-empty list of layer indices, got {value!r}.")
+    return check
+
+
+# A Hub repository id, `owner/name` (huggingface_hub's rule: letters, digits, `-`, `_`, `.`; at most 96 characters).
+_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def _hub_kernel_repo(value) -> None:
+    if value is not None and not (isinstance(value, str) and len(value) <= 96 and _REPO_ID.fullmatch(value)
+                                  and ".." not in value and "--" not in value):
+        raise ValueError(f"`hub_kernel_repo` must be None (no Hub kernel) or the id of a Hub kernel repository, "
+                         f"'owner/name' (e.g. the one `make kernel-repo` builds, once uploaded), got {value!r}.")
+
+
+def _hub_kernel_revision(value) -> None:
+    if value is not None and not (isinstance(value, str) and re.fullmatch(r"[0-9a-f]{40}", value)):
+        raise ValueError(f"`hub_kernel_revision` must be None (no Hub kernel) or the full commit hash (40 lower-case "
+                         f"hex digits) of the Hub kernel to load: a pinned revision, not a branch or tag, got "
+                         f"{value!r}.")
+
+
+@strict
+class GatedQwenConfig(Qwen3Config):
+    r"""
+    Configuration of a [`GatedQwenModel`]: every field of [`Qwen3Config`] plus the gate of Qiu et al. (2025). The
+    defaults describe the paper's 1.7B dense model (28 layers) with its recommended gate: a sigmoid gate on the SDPA
+    output (G1), elementwise, head-specific, multiplicative, computed from the hidden state after the pre-attention
+    RMSNorm (the tensor that feeds q/k/v). The variants, their paper names and their meaning are listed once, in
+    `gating.py`. A mixture of experts is a [`GatedQwenMoeConfig`].
+
+    use_qk_norm (`bool`, defaults to `True`):
+        Per-head RMSNorm on queries and keys (Qwen3's QK-norm). The paper's released checkpoints name it the same.
+    gate_position (`str` or `None`, defaults to `"sdpa"`):
+        Where the gate acts: `"sdpa"` (G1) on the attention output of each head, before `o_proj`; `"value"` (G2),
+        `"key"` (G3), `"query"` (G4) on the output of `v_proj` / `k_proj` / `q_proj`; `"dense"` (G5) on `o_proj`'s
+        output. `None`: no gate (the paper's baseline, exactly Qwen3). `"G1"` ... `"G5"` are stored as these names.
+    gate_granularity (`str`, defaults to `"elementwise"`):
+        `"elementwise"`: one score per element of each head; `"headwise"`: one scalar score per head.
+    gate_shared_across_heads (`bool`, defaults to `False`):
+        One set of scores for all heads (the paper's head-shared variants), stored as one `head_dim`-wide
+        projection (the paper's averaging over heads is the same function).
+    gate_combine (`str`, defaults to `"multiply"`):
+        `"multiply"`: `Y * act(X W)`; `"add"`: `Y + act(X W)`.
+    gate_activation (`str`, defaults to `"sigmoid"`):
+        `"sigmoid"`, `"silu"`, `"ns_sigmoid"` (non-sparse `0.5 + 0.5 * sigmoid`, range [0.5, 1]) or `"identity"`.
+    gate_input_dependent (`bool`, defaults to `True`):
+        `False` replaces `X W` by a learned, zero-initialised logit per score (the paper's input-independent control).
+    gate_bias (`bool`, defaults to `False`):
+        Bias in the gate projection (the paper uses none).
+    gate_layers (`list[int]` or `None`, defaults to `None`):
+        Indices of the layers that carry the gate; `None` means all layers.
+    sdpa_output_transform (`str` or `None`, defaults to `None`):
+        The paper's two non-gate controls on the SDPA output (table 3), only without a gate: `"rmsnorm"` (a per-head
+        RMSNorm with a learned `head_dim` weight) or `"silu"` (a parameter-free SiLU).
+    hub_kernel_repo (`str` or `None`, defaults to `None`), hub_kernel_revision (`str` or `None`, defaults to `None`):
+        The Hub kernel a saved folder's own code uses as its default attention on a CUDA GPU where the gated_qwen
+        package is not installed and Hugging Face's `kernels` is: a kernel repository id (`"owner/name"`, built by
+        `make kernel-repo`) and the commit to load (40 hex digits). Both or neither; `None`: no Hub kernel. The
+        package, where it is imported, uses its own kernel and ignores them.
+
+    Example:
+    ```python
+    >>> from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
+    >>> config = GatedQwenConfig.from_paper("dense-1.7b-28l", gate_granularity="headwise")
+    >>> model = GatedQwenForCausalLM(config)
+    ```
+    """
+
+    model_type = "gated_qwen"
+    default_auto_map: ClassVar[dict[str, str]] = AUTO_MAP
+
+    # Qwen3's fields whose defaults differ here (the paper's 1.7B dense model), each checked when set.
+    vocab_size: int = validated_field(_positive("vocab_size"), default=151936)
+    hidden_size: int = validated_field(_positive("hidden_size"), default=2048)
+    intermediate_size: int = validated_field(_positive("intermediate_size"), default=6144)
+    num_hidden_layers: int = validated_field(_positive("num_hidden_layers"), default=28)
+    num_attention_heads: int = validated_field(_positive("num_attention_heads"), default=16)
+    num_key_value_heads: int | None = validated_field(_positive("num_key_value_heads"), default=8)
+    head_dim: int = validated_field([_positive("head_dim"), _even], default=128)
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = True
+    use_qk_norm: bool = True
+
+    # The gate: each field accepts the values of the registry in gating.py (strict checks them as Literals).
+    gate_position: str | None = validated_field(_gate_position, default="sdpa")
+    gate_granularity: Literal[GRANULARITIES] = DEFAULTS["gate_granularity"]
+    gate_shared_across_heads: bool = DEFAULTS["gate_shared_across_heads"]
+    gate_combine: Literal[tuple(COMBINES)] = DEFAULTS["gate_combine"]
+    gate_activation: Literal[tuple(ACTIVATIONS)] = DEFAULTS["gate_activation"]
+    gate_input_dependent: bool = DEFAULTS["gate_input_dependent"]
+    gate_bias: bool = DEFAULTS["gate_bias"]
+    gate_layers: list[int] | None = validated_field(_layer_list("gate_layers", "every layer"), default=None)
+    sdpa_output_transform: Literal[SDPA_OUTPUT_TRANSFORMS] | None = None
+    # The Hub kernel of a saved folder without the package (docs/kernel.md).
+    hub_kernel_repo: str | None = validated_field(_hub_kernel_repo, default=None)
+    hub_kernel_revision: str | None = validated_field(_hub_kernel_revision, default=None)
+
+    base_model_pp_plan: ClassVar[dict[str, Any]] = {
+        "embed_tokens": (["input_ids"], ["inputs_embeds"]),
+        "layers": (["hidden_states", "attention_mask"], ["hidden_states"]),
+        "norm": (["hidden_states"], ["hidden_states"]),
+    }
+
+    def __post_init__(self, **kwargs):
+        unknown = sorted(k for k in kwargs if k.startswith("gate_") or k.startswith("sdpa_output"))
+        if unknown:
+            raise ValueError(f"GatedQwenConfig got unknown gate field(s) {unknown}; the gate fields are {list(FIELDS)}.")
+        if type(self) is GatedQwenConfig:  # a mixture-of-experts field given to the dense config
+            moe = [k for k in kwargs if k in GatedQwenMoeConfig.__dataclass_fields__
+                   and k not in GatedQwenConfig.__dataclass_fields__]
+            if moe:
+                raise ValueError(_dense_error(f"`{moe[0]}`={kwargs[moe[0]]!r}"))
+        if getattr(self, "auto_map", None) is None and "auto_map" not in kwargs:
+            self.auto_map = dict(self.default_auto_map)
+        super().__post_init__(**kwargs)
+
+    def __setattr__(self, name, value):
+        if name == "gate_position":
+            value = canonical_position(value)  # the validator has accepted the paper's names too
+        elif name == "gate_layers" and isinstance(value, (list, tuple)):
+            value = sorted(value)
+        elif name == "num_experts" and name not in self.__dataclass_fields__:
+            raise ValueError(_dense_error(f"`num_experts`={value!r}"))
+        super().__setattr__(name, value)
+
+    # ----------------------------------------------------------------------------------------- reading
+    @classmethod
+    def get_config_dict(cls, pretrained_model_name_or_path, **kwargs):
+        """config.json of a GatedQwen folder of this model type. A folder of the other GatedQwen model type (dense
+        read as a mixture of experts, or the reverse) is refused, naming the classes that read it, and so is a folder
+        of another model type (the gated_qwen package reads the paper's release, stock Qwen3 and Qwen3.5 folders)."""
+        config_dict, kwargs = super().get_config_dict(pretrained_model_name_or_path, **kwargs)
+        if config_dict.get("model_type") != cls.model_type:
+            raise ValueError(model_type_error(cls, config_dict, str(pretrained_model_name_or_path)))
+        return config_dict, kwargs
+
+    # ------------------------------------------------------------------ rules across fields (`validate()`)
+    def validate_architecture(self) -> None:
+        """Grouped-query attention needs `num_key_value_heads` to divide `num_attention_heads`."""
+        super().validate_architecture()
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"`num_key_value_heads` ({self.num_key_value_heads}) must divide `num_attention_heads` "
+                f"({self.num_attention_heads}) for grouped-query attention."
+            )
+
+    def validate_gate(self) -> None:
+        """The gate fields together: settings without effect and combinations the paper does not define."""
+        position = self.gate_position
+        if self.gate_layers is not None:
+            layers = list(self.gate_layers)
+            if any(not 0 <= i < self.num_hidden_layers for i in layers) or len(set(layers)) != len(layers):
+                raise ValueError(
+                    f"`gate_layers` must hold distinct indices in [0, {self.num_hidden_layers}) "
+                    f"(`num_hidden_layers`={self.num_hidden_layers}), got {layers!r}."
+                )
+        if position is None:
+            changed = [k for k, v in DEFAULTS.items() if getattr(self, k) != v]
+            if changed:
+                raise ValueError(
+                    f"{', '.join(f'`{k}`={getattr(self, k)!r}' for k in changed)} has no effect with "
+                    "`gate_position=None` (no gate); set `gate_position` (e.g. 'sdpa', the paper's G1) or leave "
+                    "these at their defaults."
+                )
+            return
+        if self.sdpa_output_transform is not None:
+            raise ValueError(
+                f"`sdpa_output_transform`={self.sdpa_output_transform!r} is one of the paper's non-gate controls and "
+                f"is only defined without a gate; got it with `gate_position`={position!r}. Set one of the two to None."
+            )
+        if POSITIONS[position].heads is None:
+            for name, bad in (("gate_granularity", "headwise"), ("gate_shared_across_heads", True)):
+                if getattr(self, name) == bad:
+                    raise ValueError(
+                        f"`{name}`={bad!r} is not defined for `gate_position`={position!r} ({POSITIONS[position].paper})"
+                        f": the output of o_proj has no heads. Leave `{name}` at {DEFAULTS[name]!r} with "
+                        f"{position!r}, or use a head-level position such as 'sdpa'."
+                    )
+        if not self.gate_input_dependent and self.gate_bias:
+            raise ValueError(
+                "`gate_bias`=True is redundant with `gate_input_dependent`=False: the input-independent gate is "
+                "already a learned constant logit. Set `gate_bias` to False."
+            )
+
+    def validate_hub_kernel(self) -> None:
+        """A Hub kernel is a repository and a commit of it: both or neither."""
+        if (self.hub_kernel_repo is None) != (self.hub_kernel_revision is None):
+            given, missing = (("hub_kernel_repo", "hub_kernel_revision") if self.hub_kernel_revision is None
+                              else ("hub_kernel_revision", "hub_kernel_repo"))
+            raise ValueError(
+                f"`{given}`={getattr(self, given)!r} needs `{missing}` too: a Hub kernel is a repository id and the "
+                f"commit of it to load (both, or neither for no Hub kernel)."
+            )
+
+    # ------------------------------------------------------------------------------------------- plans
+    @property
+    def base_model_tp_plan(self) -> dict[str, str]:
+        """The tensor-parallel plan (`tp_plan="auto"`): Qwen3's rules for the parameters this config has, and the
+        gate's. TP splits the heads across ranks; a per-head gate (G1-G4, head-specific: its rows are laid out per
+        head) is split with them. A head-shared gate is whole on every rank but each rank's heads give only part of
+        its gradient, which is summed across ranks ("head_shared_gate", see gating.py; `replicated_with_grad_allreduce`
+        for learned logits, and for the per-head `sdpa_norm` control). A G5 gate acts on `o_proj`'s all-reduced
+        output: whole on every rank, nothing to sum."""
+        attn, mlp = "layers.*.self_attn", "layers.*.mlp"
+        plan = {f"{attn}.q_proj": "colwise", f"{attn}.k_proj": "colwise", f"{attn}.v_proj": "colwise",
+                f"{attn}.o_proj": "rowwise"}
+        if self.use_qk_norm:
+            plan |= {f"{attn}.q_norm": "replicated_with_grad_allreduce",
+                     f"{attn}.k_norm": "replicated_with_grad_allreduce"}
+        if self.sdpa_output_transform == "rmsnorm":
+            plan[f"{attn}.gate.sdpa_norm"] = "replicated_with_grad_allreduce"
+        if self.gate_position is not None and POSITIONS[self.gate_position].heads is not None:
+            shared = self.gate_shared_across_heads
+            if self.gate_input_dependent:
+                plan[f"{attn}.gate.g_proj"] = HEAD_SHARED_GATE_STYLE if shared else "colwise"
+            elif shared:
+                plan[f"{attn}.gate"] = "replicated_with_grad_allreduce"  # sums the gradient of its own `logits`
+            else:
+                plan[f"{attn}.gate.logits"] = "colwise"
+                plan[f"{attn}.gate"] = "local_params"  # the gate computes with its local rows of `logits`
+        plan |= {f"{mlp}.gate_proj": "colwise", f"{mlp}.up_proj": "colwise", f"{mlp}.down_proj": "rowwise"}
+        return plan | self.__dict__.get("base_model_tp_plan", {})
+
+    @base_model_tp_plan.setter
+    def base_model_tp_plan(self, plan: dict[str, str]) -> None:
+        # Transformers 5.17-5.19 add their rule for tied input embeddings ("embed_tokens": "embedding_rowwise") to the
+        # config's plan (5.24 adds it to the model's). The rules this property does not derive are kept in the
+        # instance dict under the property's name, which Transformers leaves out of config.json.
+        self.__dict__["base_model_tp_plan"] = {}
+        derived = self.base_model_tp_plan
+        self.__dict__["base_model_tp_plan"] = {rule: style for rule, style in plan.items() if derived.get(rule) != style}
+
+    # ----------------------------------------------------------------------------------------- presets
+    @classmethod
+    def from_paper(cls, name: str, **overrides) -> "GatedQwenConfig":
+        """The paper's models by name: `"dense-1.7b-28l"`, `"dense-1.7b-48l"` (a GatedQwenConfig) or `"moe-15a2b"`
+        (a GatedQwenMoeConfig), appendix table 7, whichever of the two classes it is called on.
+
+        `overrides` set any field (gate fields included). Gated dense variants shrink `intermediate_size` so the
+        total parameter count stays that of the baseline, as the paper does, unless `intermediate_size` is given.
+        Gated MoE variants keep the experts and add the gate on top (table 1: +201M for G1 elementwise).
+        """
+        if name not in PAPER_PRESETS:
+            raise ValueError(f"Unknown paper preset {name!r}; choose one of {_allowed(PAPER_PRESETS)}.")
+        moe = "num_experts" in PAPER_PRESETS[name]
+        config = (GatedQwenMoeConfig if moe else GatedQwenConfig)(**{**PAPER_PRESETS[name], **overrides})
+        if "intermediate_size" not in overrides and config.gate_position is not None and not moe:
+            added = gate_parameters_per_layer(config) * len(gated_layers(config))
+            per_unit = 3 * config.hidden_size * config.num_hidden_layers  # gate, up and down rows of every MLP
+            config.intermediate_size -= round(added / per_unit)
+        return config
+
+
+@strict
+class GatedQwenMoeConfig(GatedQwenConfig):
+    r"""
+    Configuration of a [`GatedQwenMoeModel`]: a [`GatedQwenConfig`] (the gate, its defaults, the attention) with
+    Qwen3-MoE's mixture of experts (its fields, defaults and weight layout) and Qwen3-Next's optional shared expert.
+    Layers that are not sparse keep the dense `intermediate_size` MLP.
+
+    num_experts (`int`, defaults to 128):
+        Routed experts per sparse layer (Qwen3-MoE's default, and the paper's MoE).
+    num_experts_per_tok (`int`, defaults to 8):
+        Experts each token is routed to (top-k of a softmax over the router logits).
+    moe_intermediate_size (`int`, defaults to 768):
+        Width of each routed expert.
+    norm_topk_prob (`bool`, defaults to `False`):
+        Renormalise the top-k probabilities to sum to 1.
+    decoder_sparse_step (`int`, defaults to 1), mlp_only_layers (`list[int]` or `None`, defaults to `None`):
+        Layer `i` is sparse when `(i + 1) % decoder_sparse_step == 0` and `i` is not in `mlp_only_layers`; other
+        layers keep the dense `intermediate_size` MLP (as in Qwen3-MoE).
+    shared_expert_intermediate_size (`int`, defaults to 0):
+        Width of an always-active shared expert scaled by `sigmoid(shared_expert_gate(x))` (Qwen3-Next); 0: none.
+    router_aux_loss_coef (`float`, defaults to 0.001), router_z_loss_coef (`float`, defaults to 0.0):
+        Weights of the load-balancing loss (Switch/Qwen3-MoE) and of the router z-loss (ST-MoE) in the LM loss.
+    output_router_logits (`bool`, defaults to `False`):
+        Return the router logits of every sparse layer; the auxiliary losses are computed only when set (as in
+        Qwen3-MoE), so set it for training.
+
+    Example:
+    ```python
+    >>> from gated_qwen import GatedQwenMoeConfig, GatedQwenMoeForCausalLM
+    >>> config = GatedQwenMoeConfig.from_paper("moe-15a2b", gate_granularity="headwise")
+    >>> model = GatedQwenMoeForCausalLM(config)
+    ```
+    """
+
+    model_type = "gated_qwen_moe"
+    default_auto_map: ClassVar[dict[str, str]] = MOE_AUTO_MAP
+
+    num_experts: int = validated_field(_num_experts, default=128)
+    num_experts_per_tok: int = validated_field(_positive("num_experts_per_tok"), default=8)
+    moe_intermediate_size: int = validated_field(_positive("moe_intermediate_size"), default=768)
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = validated_field(_positive("decoder_sparse_step"), default=1)
+    mlp_only_layers: list[int] | None = None
+    shared_expert_intermediate_size: int = validated_field(
+        _at_least_zero("shared_expert_intermediate_size", "no shared expert"), default=0)
+    router_aux_loss_coef: float | int = validated_field(_non_negative_number("router_aux_loss_coef"), default=0.001)
+    router_z_loss_coef: float | int = validated_field(_non_negative_number("router_z_loss_coef"), default=0.0)
+    output_router_logits: bool = False
+
+    def __post_init__(self, **kwargs):
+        if self.mlp_only_layers is not None and len(self.mlp_only_layers) == 0:
+            self.mlp_only_layers = None  # Qwen3-MoE writes [] for "none"
+        super().__post_init__(**kwargs)
+
+    def __setattr__(self, name, value):
+        if name == "mlp_only_layers" and isinstance(value, (list, tuple)):
+            value = sorted(value)
+        super().__setattr__(name, value)
+
+    def validate_moe(self) -> None:
+        """The mixture-of-experts fields together."""
+        if self.num_experts_per_tok > self.num_experts:
+            raise ValueError(
+                f"`num_experts_per_tok` ({self.num_experts_per_tok}) must be at most `num_experts` "
+                f"({self.num_experts})."
+            )
+        if self.mlp_only_layers is not None:
+            layers = list(self.mlp_only_layers)
+            if any(not 0 <= i < self.num_hidden_layers for i in layers) or len(set(layers)) != len(layers):
+                raise ValueError(
+                    f"`mlp_only_layers` must hold distinct indices in [0, {self.num_hidden_layers}) "
+                    f"(`num_hidden_layers`={self.num_hidden_layers}), got {layers!r}."
+                )
+        if not self.sparse_layers:
+            raise ValueError(
+                f"`num_experts`={self.num_experts} but no layer is sparse: `decoder_sparse_step`="
+                f"{self.decoder_sparse_step} and `mlp_only_layers`={self.mlp_only_layers!r} leave every one of the "
+                f"{self.num_hidden_layers} layers dense. A dense model is a GatedQwenConfig."
+            )
+
+    @property
+    def sparse_layers(self) -> list[int]:
+        """Indices of the mixture-of-experts layers (Qwen3-MoE's rule)."""
+        dense = set(self.mlp_only_layers or [])
+        return [i for i in range(self.num_hidden_layers) if i not in dense and (i + 1) % self.decoder_sparse_step == 0]
+
+    @GatedQwenConfig.base_model_tp_plan.getter
+    def base_model_tp_plan(self) -> dict[str, str]:
+        """GatedQwenConfig's plan (the dense MLP's rules only where some layer keeps it), Qwen3-MoE's expert rules
+        (the router is replicated) and Qwen3-Next's shared-expert rules when there is one."""
+        mlp = "layers.*.mlp"
+        plan = super().base_model_tp_plan
+        if len(self.sparse_layers) == self.num_hidden_layers:  # no layer keeps the dense MLP
+            plan = {rule: style for rule, style in plan.items() if not rule.startswith(f"{mlp}.")}
+        plan |= {f"{mlp}.experts.gate_up_proj": "packed_colwise", f"{mlp}.experts.down_proj": "rowwise",
+                 f"{mlp}.experts": "moe_tp_experts"}
+        if self.shared_expert_intermediate_size:
+            plan |= {f"{mlp}.shared_expert.gate_proj": "colwise", f"{mlp}.shared_expert.up_proj": "colwise",
+                     f"{mlp}.shared_expert.down_proj": "rowwise"}
+        return plan
+
+    @property
+    def base_model_ep_plan(self) -> dict[str, str]:
+        """Expert parallelism (`distributed_config` with experts): Qwen3-MoE's plan."""
+        return {"layers.*.mlp.experts.gate_up_proj": "grouped_gemm", "layers.*.mlp.experts.down_proj": "grouped_gemm",
+                "layers.*.mlp.experts": "ep_dispatch_experts"}
+
+
+def _dense_error(what: str) -> str:
+    return (f"{what} asks for a mixture of experts, which GatedQwenConfig (the dense model, model_type 'gated_qwen') "
+            "does not have; use GatedQwenMoeConfig (model_type 'gated_qwen_moe') and the GatedQwenMoe* models, e.g. "
+            "GatedQwenMoeForCausalLM.")
+
+
+def model_type_error(cls, config_dict: dict, source: str) -> str:
+    """Why `cls` cannot read `config_dict`, a model of another model type, naming the classes that can."""
+    if config_dict.get("model_type") not in GATED_MODEL_TYPES:
+        return (f"{source} has model_type {config_dict.get('model_type')!r}; this code reads "
+                f"{' and '.join(repr(t) for t in GATED_MODEL_TYPES)} folders. Folders of other formats are read by "
+                "the gated_qwen package (`gated-qwen convert --help` lists them): pip install gated-qwen.")
+    if config_dict["model_type"] == GatedQwenMoeConfig.model_type:
+        what, readers = (f"a mixture of experts (num_experts={config_dict.get('num_experts')!r})",
+                         "GatedQwenMoeConfig and the GatedQwenMoe* models (e.g. GatedQwenMoeForCausalLM)")
+    else:
+        what, readers = "a dense model", "GatedQwenConfig and the dense GatedQwen* models (e.g. GatedQwenForCausalLM)"
+    kind = "the mixture of experts" if cls.model_type == GatedQwenMoeConfig.model_type else "the dense model"
+    return (f"{source} holds {what}; {cls.__name__} is {kind} (model_type {cls.model_type!r}): load it with {readers}, "
+            "or with the Auto classes.")
+
+
+__all__ = ["GatedQwenConfig", "GatedQwenMoeConfig"]

@@ -1,0 +1,67 @@
+"""The Transformers APIs that the model files use and that moved between the versions they run on: 5.17 (the oldest
+met, the GPU machine's image), 5.19 (what vLLM 0.32 pins, under which its Transformers backend runs a saved folder's
+code) and 5.24 (this project's lock). The model files import these names from here and nowhere else; each is chosen
+once, at import, by what the installed Transformers has (not by its version number, which says nothing about the
+releases in between).
+
+| name                          | 5.24 (the lock)                                   | 5.17 - 5.19                                    |
+|-------------------------------|---------------------------------------------------|------------------------------------------------|
+| `ALL_PARALLEL_STYLES`         | `transformers.distributed.parallel_utils`         | `transformers.distributed.tensor_parallel`     |
+| `slice_logits_to_keep`        | `transformers.modeling_utils`                     | absent: Qwen3's own slice, defined here        |
+| the cache argument of masks   | `create_causal_mask(cache=...)`                   | `create_causal_mask(past_key_values=...)`      |
+| the cache field of outputs    | `BaseModelOutputWithPast.cache`                   | `BaseModelOutputWithPast.past_key_values`      |
+
+Forwards take the cache as `cache` in every version: `@deprecate_kwarg("past_key_values", ..., new_name="cache")`
+renames what older `generate` passes. tests/model/test_transformers_compat.py checks each choice against the installed
+Transformers; `make test` (5.24), `make test-serving` (5.19) and `make test-compat` (5.17) run it.
+
+This file is copied to the Hugging Face Hub beside `modeling_gated.py`: relative imports only.
+"""
+
+import inspect
+from importlib.util import find_spec
+
+import torch
+from transformers import masking_utils, modeling_utils
+from transformers.modeling_outputs import BaseModelOutputWithPast
+from transformers.utils import is_torch_distributed_available
+
+# The name under which model outputs hold the cache ("cache", or "past_key_values" before 5.2x).
+CACHE_FIELD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
+# The name of the cache argument of `create_causal_mask` and `create_sliding_window_causal_mask`.
+MASK_CACHE_ARGUMENT = (
+    "cache" if "cache" in inspect.signature(masking_utils.create_causal_mask).parameters else "past_key_values"
+)
+
+
+def _qwen3_slice_logits_to_keep(hidden_states: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:
+    """`hidden_states: [B, S, hidden]` -> the last `logits_to_keep` positions (an int, 0 keeps all), or the positions
+    a 1-D index tensor names: what Qwen3's causal LM slices before `lm_head` in the releases without the helper."""
+    positions = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+    return hidden_states[:, positions, :]
+
+
+slice_logits_to_keep = getattr(modeling_utils, "slice_logits_to_keep", _qwen3_slice_logits_to_keep)
+
+
+def create_causal_mask(*, cache, **kwargs):
+    """`masking_utils.create_causal_mask` with the cache passed under the name the installed version takes."""
+    return masking_utils.create_causal_mask(**{MASK_CACHE_ARGUMENT: cache}, **kwargs)
+
+
+def create_sliding_window_causal_mask(*, cache, **kwargs):
+    """`masking_utils.create_sliding_window_causal_mask`, the cache passed as in `create_causal_mask`."""
+    return masking_utils.create_sliding_window_causal_mask(**{MASK_CACHE_ARGUMENT: cache}, **kwargs)
+
+
+__all__ = ["CACHE_FIELD", "MASK_CACHE_ARGUMENT", "create_causal_mask", "create_sliding_window_causal_mask",
+           "slice_logits_to_keep"]
+
+if is_torch_distributed_available():
+    from transformers.distributed.tensor_parallel import TensorParallelLayer
+
+    if find_spec("transformers.distributed.parallel_utils") is not None:
+        from transformers.distributed.parallel_utils import ALL_PARALLEL_STYLES
+    else:
+        from transformers.distributed.tensor_parallel import ALL_PARALLEL_STYLES
+    __all__ += ["ALL_PARALLEL_STYLES", "TensorParallelLayer"]

@@ -1,0 +1,239 @@
+"""The Hub kernel (`make kernel-repo`, integrations/kernel_hub.py): a repository generated from src/gated_qwen/kernel/
+in the layout Hugging Face's `kernels` loads, and a saved folder's own code that uses it where the package is not
+installed.
+
+- The repository is generated, never edited: two builds are byte-identical, every kernel file is its source's bytes,
+  and `kernels.get_local_kernel` loads it as its own module (the metadata id), with its own custom ops.
+- Its `gated_attention` under the Triton interpreter equals the package's `naive_gated_attention` (fp64): output and
+  every gradient, with GQA, elementwise and headwise gates, packed varlen and decode.
+- A saved folder whose config.json names the Hub kernel, loaded with `trust_remote_code=True` in a fresh interpreter
+  where the gated_qwen package is unimportable: on a CPU it runs SDPA + the gate and does not even import `kernels`;
+  with CUDA faked at the device query only (`torch.cuda.is_available`), it loads the kernel through `kernels`'
+  own override of a Hub repository by a local folder (`LOCAL_KERNELS=owner/name=PATH`: nothing else of the download
+  is replaced), registers the kernel's attention function as its default attention, and each layer launches the
+  Hub module's kernel (real, in the interpreter), giving the package's SDPA logits; without `kernels`, or when the
+  kernel does not load, SDPA + the gate with one line naming what would give the fused kernel.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("kernels")
+pytest.importorskip("triton")
+
+import kernels
+from helpers import SMALL, randomize_
+
+from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
+from gated_qwen.integrations import kernel_hub
+from gated_qwen.kernel import naive_gated_attention, triton_available
+
+if not triton_available():
+    pytest.skip("no CUDA device and TRITON_INTERPRET was not set before import", allow_module_level=True)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = 1e-5  # fp32 against the fp64 reference, as tests/kernel/test_triton_kernel.py
+REPO_ID = "gated-qwen-test/gated-qwen-kernel"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def tree(folder: Path) -> dict[str, bytes]:
+    return {path.relative_to(folder).as_posix(): path.read_bytes() for path in sorted(folder.rglob("*"))
+            if path.is_file()}
+
+
+@pytest.fixture(scope="module")
+def kernel_repo(tmp_path_factory) -> Path:
+    return kernel_hub.write_kernel_repo(tmp_path_factory.mktemp("hub") / "kernel-repo")
+
+
+@pytest.fixture(scope="module")
+def hub(kernel_repo):
+    """The Hub kernel's module, as `kernels` loads it from the local repository."""
+    return kernels.get_local_kernel(kernel_repo)
+
+
+def test_the_repository_is_generated_from_the_kernel_and_reproducible(tmp_path, kernel_repo):
+    """`python -m gated_qwen.integrations.kernel_hub OUT` (what `make kernel-repo` runs) twice: the same bytes; the
+    kernel's files are src/gated_qwen/kernel/'s, in the layout kernels reads; an existing folder is replaced only with
+    --overwrite (else exit 2 and one line)."""
+    runs = []
+    for name in ("a", "b"):
+        result = subprocess.run([sys.executable, "-m", "gated_qwen.integrations.kernel_hub", str(tmp_path / name)],
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+        runs.append(tree(tmp_path / name))
+    assert runs[0] == runs[1] == tree(kernel_repo)
+    package = f"build/torch-universal/{kernel_hub.PACKAGE}/"
+    sources = {path.name: path.read_bytes() for path in kernel_hub.KERNEL_SOURCE.glob("*.py")}
+    assert {name.removeprefix(package): data for name, data in runs[0].items() if name.startswith(package)} == sources
+    assert set(runs[0]) - {package + name for name in sources} == {"README.md", "build/torch-universal/metadata.json"}
+    metadata = json.loads(runs[0]["build/torch-universal/metadata.json"])
+    assert metadata == kernel_hub.metadata(kernel_hub.source_digest(sources))
+    assert kernels.Metadata.read_from_file(kernel_repo / "build/torch-universal/metadata.json").name.python_name == (
+        kernel_hub.PACKAGE)
+
+    again = subprocess.run([sys.executable, "-m", "gated_qwen.integrations.kernel_hub", str(tmp_path / "a")],
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 2 and again.stderr.count("\n") == 1 and "exists" in again.stderr, again.stderr
+    replaced = subprocess.run([sys.executable, "-m", "gated_qwen.integrations.kernel_hub", str(tmp_path / "a"),
+                               "--overwrite"], capture_output=True, text=True, timeout=300)
+    assert replaced.returncode == 0 and tree(tmp_path / "a") == runs[0]
+
+
+def test_get_local_kernel_loads_its_own_module_with_its_own_ops(kernel_repo, hub):
+    """The module is the repository's files (not the package's), named by the metadata id, and its custom ops live in
+    a namespace of that name: the Hub copy runs its own code even beside the package."""
+    import gated_qwen.kernel.parallel as package_parallel
+
+    module_id = json.loads((kernel_repo / "build/torch-universal/metadata.json").read_text())["id"]
+    assert hub.__name__ == module_id and Path(hub.__file__).is_relative_to(kernel_repo)
+    assert hub.gated_attention is not package_parallel.gated_attention
+    assert hub.gated_attention_forward.applies_output_gate is True
+    assert hub.gated_attention_forward.runs_by_default is hub.runs_by_default
+    hub_parallel = sys.modules[f"{module_id}.parallel"]
+    assert hub_parallel._gated_attention_fwd_op is getattr(torch.ops, module_id).gated_attention_fwd.default
+    assert hub_parallel._gated_attention_fwd_op is not package_parallel._gated_attention_fwd_op
+
+
+def _inputs(case: str, seed: int = 0):
+    """(q, k, v, gate, kwargs) of a small problem: two 64-wide blocks and a ragged tail under the interpreter."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen).to(DEVICE)
+
+    d = 32
+    if case == "varlen":
+        lens_q, lens_k = [40, 1, 70], [45, 9, 70]
+        cu_q, cu_k = (torch.tensor([0] + torch.tensor(n).cumsum(0).tolist(), dtype=torch.int32, device=DEVICE)
+                      for n in (lens_q, lens_k))
+        q, k, v = rnd(sum(lens_q), 4, d), rnd(sum(lens_k), 2, d), rnd(sum(lens_k), 2, d)
+        kwargs = {"causal": True, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k, "max_seqlen_q": 70, "max_seqlen_k": 70}
+        return q, k, v, rnd(sum(lens_q), 4, 2 * d)[..., d:], kwargs
+    if case == "decode":
+        return rnd(2, 1, 8, d), rnd(2, 90, 2, d), rnd(2, 90, 2, d), rnd(2, 1, 8, 1), {"causal": True}
+    h_kv, causal = {"gqa-elementwise": (2, True), "gqa-headwise": (1, False)}[case]
+    gate = rnd(2, 70, 4, d) if case == "gqa-elementwise" else rnd(2, 70, 4, 1)
+    return rnd(2, 70, 4, d), rnd(2, 70, h_kv, d), rnd(2, 70, h_kv, d), gate, {"causal": causal}
+
+
+@pytest.mark.parametrize("case", ["gqa-elementwise", "gqa-headwise", "varlen", "decode"])
+def test_the_hub_kernels_gated_attention_equals_the_reference(hub, case):
+    """Output and every gradient (q, k, v, gate) of the Hub module's `gated_attention` against the package's
+    `naive_gated_attention` in fp64; the Hub module's own launcher ran (its forward, counted)."""
+    q, k, v, gate, kwargs = _inputs(case)
+    hub_parallel = sys.modules[f"{hub.__name__}.parallel"]
+    launches = []
+    forward = hub_parallel.decode_forward if q.shape[-3] == 1 and "cu_seqlens_q" not in kwargs else hub_parallel.forward
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(hub_parallel, forward.__name__, lambda *a: launches.append(a) or forward(*a))
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, gate)]
+        out = hub.gated_attention(*leaves, **kwargs)
+    assert len(launches) == 1  # the Hub copy's forward ran, once
+    dy = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    out.backward(dy)
+    reference = [t.detach().double().requires_grad_() for t in (q, k, v, gate)]
+    expected = naive_gated_attention(*reference, **kwargs)
+    expected.backward(dy.double())
+    errors = {name: ((got.double() - want).abs().max() / want.abs().max()).item() for name, got, want in zip(
+        ("out", "dq", "dk", "dv", "dgate"), [out, *(t.grad for t in leaves)], [expected, *(t.grad for t in reference)])}
+    assert max(errors.values()) <= TOL, errors
+
+
+# The saved folder's own code, in a fresh interpreter without the package: argv = folders (JSON), repository path,
+# the expected logits (.pt). Prints one JSON object of what it saw.
+WITHOUT_THE_PACKAGE = r"""
+import json, logging, os, sys
+sys.modules["gated_qwen"] = None  # the package is not installed on this machine
+import torch
+from transformers import AutoModelForCausalLM
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils import logging as hf_logging
+
+folders, repository, expected = json.loads(sys.argv[1]), sys.argv[2], torch.load(sys.argv[3])
+records, seen = [], {}
+handler = logging.Handler()
+handler.emit = records.append
+hf_logging.get_logger("transformers_modules").addHandler(handler)
+hf_logging.get_logger("transformers_modules").setLevel(logging.INFO)
+
+
+def load(name):
+    records.clear()
+    model = AutoModelForCausalLM.from_pretrained(folders[name], trust_remote_code=True)
+    lines = [(logging.getLevelName(r.levelno), r.getMessage()) for r in records if "GatedQwen" in r.getMessage()]
+    return model, {"attention": model.config._attn_implementation, "lines": lines}
+
+
+_, seen["cpu"] = load("hub")  # a CPU: no Hub access at all
+seen["cpu"]["kernels imported"] = "kernels" in sys.modules
+torch.cuda.is_available = lambda: True  # the dispatch decision of a CUDA machine; the kernel runs interpreted
+sys.modules["kernels"] = None  # kernels not installed
+_, seen["no kernels"] = load("hub")
+del sys.modules["kernels"]
+_, seen["not on the Hub"] = load("missing")  # HF_HUB_OFFLINE, no local override of this repository: does not load
+os.environ["LOCAL_KERNELS"] = f"{folders['repo id']}={repository}"  # kernels' own stand-in for the Hub repository
+model, seen["hub"] = load("hub")
+function = ALL_ATTENTION_FUNCTIONS["gated_triton"]
+seen["hub"]["function"] = function.__module__
+attention = sys.modules[function.__module__]
+launches, kernel = [], attention.gated_attention
+attention.gated_attention = lambda q, k, v, gate=None, **kw: launches.append(
+    [None if gate is None else list(gate.shape), kw.get("max_seqlen_q", q.shape[1])]) or kernel(q, k, v, gate, **kw)
+with torch.no_grad():
+    logits = model(expected["ids"]).logits
+seen["hub"]["launches"] = launches
+seen["hub"]["self-check"] = {combo.describe(): verdict for combo, verdict in attention.SELF_CHECK_VERDICTS.items()}
+seen["hub"]["error"] = ((logits - expected["logits"]).abs().max() / expected["logits"].abs().max()).item()
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.slow  # a fresh interpreter
+def test_a_saved_folder_without_the_package_uses_the_hub_kernel_its_config_names(tmp_path, kernel_repo):
+    config = GatedQwenConfig(**SMALL)
+    sdpa = randomize_(GatedQwenForCausalLM(config), seed=3).eval()
+    sdpa.set_attn_implementation("sdpa")
+    ids = torch.randint(0, config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        torch.save({"ids": ids, "logits": sdpa(ids).logits}, tmp_path / "expected.pt")
+    sdpa.config.hub_kernel_repo, sdpa.config.hub_kernel_revision = REPO_ID, COMMIT  # set at save time
+    sdpa.save_pretrained(tmp_path / "hub")
+    sdpa.config.hub_kernel_repo = "gated-qwen-test/not-uploaded"
+    sdpa.save_pretrained(tmp_path / "missing")
+    saved = json.loads((tmp_path / "hub" / "config.json").read_text())
+    assert (saved["hub_kernel_repo"], saved["hub_kernel_revision"]) == (REPO_ID, COMMIT)
+    folders = {"hub": str(tmp_path / "hub"), "missing": str(tmp_path / "missing"), "repo id": REPO_ID}
+    env = {k: v for k, v in os.environ.items() if k != "LOCAL_KERNELS"} | {
+        "HF_HUB_OFFLINE": "1", "TRITON_INTERPRET": "1"}
+    result = subprocess.run([sys.executable, "-c", WITHOUT_THE_PACKAGE, json.dumps(folders), str(kernel_repo),
+                             str(tmp_path / "expected.pt")], capture_output=True, text=True, env=env, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(result.stdout.splitlines()[-1])
+
+    cpu = seen["cpu"]
+    assert cpu["attention"] == "sdpa" and not cpu["kernels imported"]
+    assert [level for level, _ in cpu["lines"]] == ["INFO"] and "pip install kernels" in cpu["lines"][0][1]
+    assert REPO_ID in cpu["lines"][0][1]
+    no_kernels = seen["no kernels"]
+    assert no_kernels["attention"] == "sdpa" and [level for level, _ in no_kernels["lines"]] == ["WARNING"]
+    assert "pip install kernels" in no_kernels["lines"][0][1] and "then import gated_qwen" in no_kernels["lines"][0][1]
+    missing = seen["not on the Hub"]
+    assert missing["attention"] == "sdpa" and [level for level, _ in missing["lines"]] == ["WARNING"]
+    assert "gated-qwen-test/not-uploaded" in missing["lines"][0][1] and "did not load" in missing["lines"][0][1]
+
+    hub = seen["hub"]
+    module_id = kernel_hub.metadata(kernel_hub.source_digest(kernel_hub.kernel_sources()))["id"]
+    assert hub["attention"] == "gated_triton" and hub["function"] == f"{module_id}.attention"
+    assert [level for level, _ in hub["lines"]] == ["INFO"] and REPO_ID in hub["lines"][0][1]
+    # Each layer launched the Hub module's kernel with the G1 gate fused ([B, S, Hq, D] logits), on the whole batch.
+    assert hub["launches"] == [[[2, 24, config.num_attention_heads, config.head_dim], 24]] * config.num_hidden_layers
+    assert list(hub["self-check"].values()) == [None]  # the Hub copy checked itself first, and passed
+    assert hub["error"] <= 2e-5  # fp32; the fused kernel multiplies its fp32 accumulator, sdpa the rounded output

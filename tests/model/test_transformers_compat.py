@@ -1,0 +1,105 @@
+"""The compatibility seam (`gated_qwen/transformers_compat.py`): each name it chooses does, under the installed
+Transformers, what the model files need; and the package's two ties to Transformers' internals hold (the reading
+class of conversion/loading.py with its `__class__` swap, the import hook of `gated_qwen/__init__.py`). `make test`
+runs this under the lock's 5.24, `make test-serving` under 5.19 (vLLM's pin), `make test-compat` under 5.17 (the GPU
+machine's image), and tests/serving/test_shipped_files.py runs the saved model files under each version met.
+
+References are independent of the seam: hand-written slices and masks, the registry Transformers' tensor
+parallelism reads, generation without a cache, the stock Qwen3 model."""
+
+import torch
+from helpers import SMALL, randomize_
+
+from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
+from gated_qwen.model import transformers_compat as compat
+
+
+def test_slice_logits_to_keep_keeps_the_last_positions_or_the_given_ones():
+    hidden = torch.arange(2 * 5 * 3, dtype=torch.float32).view(2, 5, 3)
+    assert torch.equal(compat.slice_logits_to_keep(hidden, 0), hidden)
+    assert torch.equal(compat.slice_logits_to_keep(hidden, 2), hidden[:, 3:])
+    assert torch.equal(compat.slice_logits_to_keep(hidden, torch.tensor([0, 4])), hidden[:, [0, 4]])
+
+
+def test_causal_mask_takes_the_cache_and_masks_padding_and_the_future():
+    config = GatedQwenConfig(**SMALL)
+    config._attn_implementation = "eager"
+    padding = torch.tensor([[0, 1, 1, 1]])
+    mask = compat.create_causal_mask(config=config, inputs_embeds=torch.zeros(1, 4, SMALL["hidden_size"]),
+                                     attention_mask=padding, cache=None, position_ids=torch.arange(4)[None])
+    allowed = torch.tril(torch.ones(4, 4, dtype=torch.bool)) & padding.bool()  # query i sees keys j <= i, not padding
+    assert torch.equal(mask[0, 0] == 0, allowed)
+
+
+def test_generation_with_the_cache_matches_generation_without_it():
+    # The causal LM hands its cache back under CACHE_FIELD; under a wrong name `generate` would lose it.
+    model = randomize_(GatedQwenForCausalLM(GatedQwenConfig(**SMALL)), seed=3, scale=0.3).eval()
+    prompt = torch.tensor([[3, 14, 15, 9, 2, 6]])
+    with torch.no_grad():
+        cached = model.generate(prompt, max_new_tokens=8, do_sample=False, use_cache=True, pad_token_id=0)
+        recomputed = model.generate(prompt, max_new_tokens=8, do_sample=False, use_cache=False, pad_token_id=0)
+        output = model(prompt, use_cache=True)
+    assert torch.equal(cached, recomputed)
+    assert output[compat.CACHE_FIELD].get_seq_length() == prompt.shape[1]
+
+
+def test_head_shared_gate_style_is_in_the_registry_tensor_parallelism_reads():
+    from transformers.distributed import tensor_parallel
+
+    assert compat.ALL_PARALLEL_STYLES is tensor_parallel.ALL_PARALLEL_STYLES
+    assert "head_shared_gate" in tensor_parallel.ALL_PARALLEL_STYLES
+
+
+# ------------------------------------------------------------------------ the package's ties to Transformers' internals
+def test_another_format_is_read_through_a_reading_class_and_given_back_the_class_asked_for(tmp_path):
+    """conversion/loading.py: Transformers finds load-time conversions by the name of the class it builds, so a stock
+    Qwen3 folder with a gate added is loaded through a subclass registered under its own name (the format's rules as
+    `WeightConverter`s), and the loaded model is then given back the class asked for (`__class__` reassigned). The
+    rules ran (the added sigmoid gate halves the attention output until o_proj is doubled: the stock logits only
+    come out if they did), the model is the requested class and saves the gated_qwen layout, which loads with no
+    conversion."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+
+    from gated_qwen.conversion import loading
+    from gated_qwen.conversion.formats import FORMATS
+
+    stock = randomize_(Qwen3ForCausalLM(Qwen3Config(**SMALL)), seed=4).eval()
+    stock.save_pretrained(tmp_path / "qwen3")
+    model = GatedQwenForCausalLM.from_pretrained(tmp_path / "qwen3", gate_position="sdpa").eval()
+    assert type(model) is GatedQwenForCausalLM
+    reading = loading.reading_class(GatedQwenForCausalLM, FORMATS["qwen3"])
+    assert issubclass(reading, GatedQwenForCausalLM) and get_checkpoint_conversion_mapping(reading.__name__)
+    prompt = torch.tensor([[3, 14, 15, 9, 2, 6]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(prompt).logits, stock(prompt).logits, rtol=1e-5, atol=1e-5)
+    model.save_pretrained(tmp_path / "gated")
+    reloaded, info = GatedQwenForCausalLM.from_pretrained(tmp_path / "gated", output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    assert all(torch.equal(reloaded.state_dict()[name], t) for name, t in model.state_dict().items())
+
+
+IMPORT_HOOK_CHECK = r"""
+import sys
+import gated_qwen
+assert "transformers" not in sys.modules  # the package's import loads neither torch nor Transformers
+from transformers import AutoConfig, AutoModelForCausalLM
+config = AutoConfig.for_model("gated_qwen", vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                              num_attention_heads=2, num_key_value_heads=1, head_dim=8)
+assert type(config).__module__ == "gated_qwen.model.configuration_gated", type(config).__module__
+assert type(AutoModelForCausalLM.from_config(config)).__name__ == "GatedQwenForCausalLM"
+assert not any(type(finder).__name__ == "_RegisterOnImport" for finder in sys.meta_path)  # gone once it ran
+print("import hook ok")
+"""
+
+
+def test_importing_the_package_before_transformers_registers_it_when_transformers_arrives():
+    """gated_qwen/__init__.py's import hook (a `sys.meta_path` finder wrapping the loader of `transformers`): the
+    package imported first registers its classes with the Auto classes as soon as Transformers is imported, then
+    removes itself. In a fresh interpreter, under the installed Transformers."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", IMPORT_HOOK_CHECK], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "import hook ok" in result.stdout
