@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PIP     = $(1)/bin/python -m pip install --quiet --disable-pip-version-check
 EXTRAS := triton,peft,analysis,quant,gguf,kernels,dev
-IMPORTS := import torch, transformers, gated_qwen, peft, triton, hypothesis, matplotlib, optimum.quanto, torchao, gguf, kernels
+IMPORTS := import torch, transformers, gated_qwen, peft, triton, hypothesis, matplotlib, scipy, optimum.quanto, torchao, gguf, kernels
 
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 LOCK    := requirements/$(if $(HAS_GPU),cuda,cpu).lock
@@ -304,14 +304,16 @@ lock: $(UV)
 	$(UV) pip compile requirements/compat.in --python-version 3.11 --quiet $(or $(TORCH_INDEX),--find-links=/opt/wheels) \
 		-o requirements/compat.lock
 
-# Each run writes a new folder, so a second `make demo` never meets (or overwrites) the first one's results.
+# Each run writes a new folder, so a second `make demo` never meets (or overwrites) the first one's results. JOBS=N
+# trains N runs at once (default: one per CPU core); the results do not depend on it.
 demo: $(STAMP)
-	$(VENV)/bin/gated-qwen reproduce --out runs/demo-$(shell date +%Y%m%d-%H%M%S)
+	$(VENV)/bin/gated-qwen reproduce $(if $(JOBS),--jobs $(JOBS)) --out runs/demo-$(shell date +%Y%m%d-%H%M%S)
 
-# The confirmatory run: every direction on ten fresh seeds, with the M-Act and long-context models (docs/analysis.md;
-# far longer than the demo). Its directions.json is what benchmarks/reproduce/confirm.json holds.
+# The confirmatory run: every model family on fresh seeds that the demo never reports (docs/analysis.md; far longer
+# than the demo). Its directions.json is what benchmarks/reproduce/confirm.json holds.
 confirm: $(STAMP)
-	$(VENV)/bin/gated-qwen reproduce --preset confirm --out runs/confirm-$(shell date +%Y%m%d-%H%M%S)
+	$(VENV)/bin/gated-qwen reproduce --preset confirm $(if $(JOBS),--jobs $(JOBS)) \
+		--out runs/confirm-$(shell date +%Y%m%d-%H%M%S)
 
 # On a CUDA GPU with this project's .venv: correctness over the kernel grid, TFLOP/s vs SDPA + gate, end-to-end
 # gated_triton vs sdpa (at most 8 minutes on an H200); results.json and results.md in a new folder. On the project's

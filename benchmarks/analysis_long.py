@@ -33,11 +33,11 @@ def child(length: int, mode: str, threads: int) -> dict:
 
     from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
     from gated_qwen.analysis import analyze
-    from gated_qwen.analysis.reproduce import PRESETS, model_config
+    from gated_qwen.analysis.miniature.presets import PLANS, model_config
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    config: GatedQwenConfig = model_config(PRESETS["default"], "g1-elementwise")
+    config: GatedQwenConfig = model_config(PLANS["default"].main, "g1-elementwise")
     model = GatedQwenForCausalLM(config).eval()
     model.set_attn_implementation("sdpa")
     ids = torch.randint(1, config.vocab_size, (1, length))
@@ -67,7 +67,7 @@ def main() -> None:
         return
     import torch
 
-    from gated_qwen.analysis.reproduce import cpu_name
+    from gated_qwen.analysis.miniature.runs import cpu_name
 
     print(f"machine: {cpu_name()}, {os.cpu_count()} logical cores; torch "
           f"{torch.__version__}, {args.threads} thread(s); model: reproduce default size (G1 elementwise)")

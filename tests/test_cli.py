@@ -219,9 +219,9 @@ def test_the_training_memory_estimate_counts_every_parameter(variant):
     at most the largest (elementwise) gate's parameters more."""
     from gated_qwen import GatedQwenForCausalLM
     from gated_qwen.analysis.memory import training_bytes
-    from gated_qwen.analysis.reproduce import PRESETS, customised, model_config
+    from gated_qwen.analysis.miniature.presets import PLANS, customised, model_config
 
-    preset = customised(PRESETS["large"], seq_len=2, batch_size=1, steps=1, eval_documents=1, analysis_documents=1,
+    preset = customised(PLANS["large"].main, seq_len=2, batch_size=1, steps=1, eval_documents=1, analysis_documents=1,
                         extrapolation_documents=1, num_hidden_layers=2)
     def parameters(variant: str) -> int:
         return sum(p.numel() for p in GatedQwenForCausalLM(model_config(preset, variant)).parameters())
@@ -268,7 +268,7 @@ def test_a_stdout_that_takes_nothing_does_not_fail_a_command_whose_outputs_were_
                 "analyze": (["analyze", str(model64), "--length", "8", "--out", str(tmp_path / "a")],
                             tmp_path / "a" / "report.md"),
                 "reproduce": (["reproduce", "--preset", "smoke", "--steps", "2", "--jobs", "1", "--variants",
-                               "baseline", "--seeds", "3", "--no-mact-model", "--no-long-context-model", "--out",
+                               "baseline", "--seeds", "3", "--families", "main", "--out",
                                str(tmp_path / "r")], tmp_path / "r" / "report.md")}
     for name, (args, written) in commands.items():
         stdout = broken_stdout(kind)

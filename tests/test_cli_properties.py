@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
-from gated_qwen.analysis import reproduce
+from gated_qwen.analysis.miniature import corpora, presets, runs
 from gated_qwen.cli import main
 from gated_qwen.conversion.formats import TO_FORMATS
 
@@ -213,14 +213,15 @@ def test_analyze_with_any_config_and_flags(folders, edit, length, map_tokens, ma
 
 
 REPRODUCE_FLAGS = st.fixed_dictionaries({}, optional={
-    "--preset": st.sampled_from([*reproduce.PRESETS, "huge"]) | st.text(max_size=8),
-    "--variants": st.lists(st.sampled_from([*reproduce.VARIANTS, "g9", ""]), min_size=1, max_size=3).map(",".join)
+    "--preset": st.sampled_from([*presets.PLANS, "huge"]) | st.text(max_size=8),
+    "--variants": st.lists(st.sampled_from([*presets.VARIANTS, "g9", ""]), min_size=1, max_size=3).map(",".join)
     | st.text(max_size=12),
     "--steps": SIZE, "--hidden-size": SIZE, "--layers": SIZE, "--seq-len": SIZE, "--batch-size": SIZE,
     "--learning-rates": st.lists(FLAG_TEXT, min_size=1, max_size=3),
     "--seeds": st.lists(st.integers(-1, 2**32).map(str) | FLAG_TEXT, min_size=1, max_size=3),
-    "--corpus": st.sampled_from([*reproduce.CORPORA, "wiki"]) | st.text(max_size=8), "--jobs": SIZE,
-    **dict.fromkeys(["--qk-norm", "--no-clip", "--bf16", "--no-mact-model", "--no-long-context-model"], st.none()),
+    "--corpus": st.sampled_from([*corpora.CORPORA, "wiki"]) | st.text(max_size=8), "--jobs": SIZE,
+    "--families": st.sampled_from(["main", "main,long", "long", "main,x", ""]) | st.text(max_size=8),
+    **dict.fromkeys(["--qk-norm", "--no-clip", "--bf16"], st.none()),
 })
 
 
@@ -228,9 +229,9 @@ REPRODUCE_FLAGS = st.fixed_dictionaries({}, optional={
 # the smoke preset (the others' evaluation alone takes minutes).
 SMALL = st.integers(1, 40).map(str)
 VALID_REPRODUCE_FLAGS = st.fixed_dictionaries({}, optional={
-    "--variants": st.lists(st.sampled_from(list(reproduce.VARIANTS)), min_size=1, max_size=3).map(",".join),
+    "--variants": st.lists(st.sampled_from(list(presets.VARIANTS)), min_size=1, max_size=3).map(",".join),
     "--hidden-size": SMALL, "--layers": st.integers(1, 3).map(str), "--seq-len": st.integers(2, 40).map(str),
-    "--batch-size": SMALL, "--corpus": st.sampled_from(list(reproduce.CORPORA)),
+    "--batch-size": SMALL, "--corpus": st.sampled_from(list(corpora.CORPORA)),
     "--learning-rates": st.lists(st.floats(1e-30, 1e30).map(str), min_size=2, max_size=2),
     "--seeds": st.lists(st.integers(0, 2**32 - 1).map(str), min_size=1, max_size=2),
     **dict.fromkeys(["--qk-norm", "--no-clip", "--bf16"], st.none()),
@@ -244,12 +245,12 @@ def test_reproduce_with_any_flags(drawn):
     is accepted is also trained (2 steps) and must succeed: a refusal then comes too late."""
     argv = ["reproduce", "--out", "OUT", *flags(drawn)]
     if TRAIN:
-        argv += ["--preset", "smoke", "--steps", "2", "--jobs", "1", "--no-mact-model", "--no-long-context-model"]
+        argv += ["--preset", "smoke", "--steps", "2", "--jobs", "1", "--families", "main"]
 
     def accepted(*args, **kwargs):
         raise Accepted
 
-    with mock.patch.object(reproduce, "run_all", accepted):
+    with mock.patch.object(runs, "run_all", accepted):
         early = check(None, None, None, argv, "out")
     if TRAIN and early == "accepted":
         assert check(None, None, None, argv, "out") == 0, argv

@@ -5,7 +5,7 @@ the report says, word for word. A table is quoted after a marker line
     <!-- quotes: benchmarks/reproduce/confirm.json -->                 every row of that report
     <!-- quotes: benchmarks/reproduce/confirm.json: sink m-act/... -->  these rows, in this order
 
-and is replaced by those rows as `gated_qwen.analysis.reproduce_report.directions_table` renders them (its header
+and is replaced by those rows as `gated_qwen.analysis.miniature.verdicts.directions_table` renders them (its header
 line and separator included). tests/analysis/test_report_quotes.py checks the pages against the reports.
 
     .venv/bin/python benchmarks/reproduce/quote.py          # after committing a new demo.json or confirm.json
@@ -18,7 +18,7 @@ import re
 import sys
 from pathlib import Path
 
-from gated_qwen.analysis.reproduce_report import directions_table
+from gated_qwen.analysis.miniature.verdicts import directions_table
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = ("README.md", "docs/analysis.md", "benchmarks/RESULTS.md")

@@ -16,10 +16,12 @@ from safetensors.torch import load_file, save_file
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
 from gated_qwen.analysis import SyntheticLanguage, analyze, first_token_attention, mean_nll, perplexity_by_length
-from gated_qwen.analysis.data import HELDOUT_SEED, BigramBackcopy, KeyValueRecall
-from gated_qwen.analysis.measure import GATE_BINS, first_token_attention_per_query, recall_accuracy, with_yarn
+from gated_qwen.analysis.measure import GATE_BINS, first_token_attention_per_query
+from gated_qwen.analysis.miniature.corpora import HELDOUT_SEED, BigramBackcopy, KeyValueRecall, TrigramLanguage
+from gated_qwen.analysis.miniature.presets import planned_runs
+from gated_qwen.analysis.miniature.runs import loss_spikes, sink_profile
+from gated_qwen.analysis.perplexity import recall_accuracy, with_yarn
 from gated_qwen.analysis.quantize import SCHEMES, fake_quantize_rows, fake_quantized, perplexity_under_quantization
-from gated_qwen.analysis.reproduce import loss_spikes, planned_runs, sink_profile
 from gated_qwen.cli import main
 from gated_qwen.model.gating import gate_shape, gated_layers
 
@@ -29,8 +31,8 @@ VOCAB = 61
 def model_for(seed=0, gate_scale=1.0, **overrides) -> GatedQwenForCausalLM:
     """A tiny float64 model with random weights (norms included); `gate_scale` widens the gate logits so that
     scores spread over (0, 1)."""
-    fields = sizes(TINY, vocab_size=VOCAB, intermediate_size=48, num_hidden_layers=3, max_position_embeddings=64,
-                   **overrides)
+    fields = sizes(TINY, vocab_size=VOCAB, intermediate_size=48, max_position_embeddings=64,
+                   **{"num_hidden_layers": 3, **overrides})
     torch.manual_seed(seed)
     model = randomize_(GatedQwenForCausalLM(GatedQwenConfig(**fields)), seed).double().eval()
     with torch.no_grad():
@@ -126,9 +128,20 @@ def test_max_activation_matches_hidden_states(overrides):
         output = hidden[layer + 1].abs()  # hidden[0] is the embedding output
         assert entry["max_activation"] == pytest.approx(output.max().item(), rel=1e-12)
         assert entry["max_activation_position"] == output.amax(dim=(0, 2)).argmax().item()
+        # the paper's massive activation sits at the first token: its largest |value| there and elsewhere
+        assert entry["first_token_max_activation"] == pytest.approx(output[:, 0].max().item(), rel=1e-12)
+        assert entry["other_max_activation"] == pytest.approx(output[:, 1:].max().item(), rel=1e-12)
     maxima = [output.abs().max().item() for output in hidden[1:]]
     assert result["summary"]["max_activation"] == pytest.approx(max(maxima), rel=1e-12)
     assert result["summary"]["mean_max_activation"] == pytest.approx(sum(maxima) / len(maxima), rel=1e-12)
+    # ... in the non-final layers, whose output later layers read (the last layer's only the final norm does)
+    assert len(hidden) - 1 == model.config.num_hidden_layers > 1
+    assert result["summary"]["first_token_max_activation_nonfinal"] == pytest.approx(
+        max(output[:, 0].abs().max().item() for output in hidden[1:-1]), rel=1e-12)
+    assert result["summary"]["other_max_activation_nonfinal"] == pytest.approx(
+        max(output[:, 1:].abs().max().item() for output in hidden[1:-1]), rel=1e-12)
+    one_layer = analyze(model_for(num_hidden_layers=1, **overrides), x)["summary"]
+    assert one_layer["first_token_max_activation_nonfinal"] is one_layer["other_max_activation_nonfinal"] is None
 
 
 def test_sdpa_output_before_and_after_the_gate_match_a_hand_computation():
@@ -508,28 +521,46 @@ def test_sink_profile_by_hand():
 
 
 def test_planned_runs_train_the_high_learning_rate_for_the_chosen_variants():
-    from gated_qwen.analysis.reproduce import PRESETS, customised, mact_preset, mact_runs
+    from gated_qwen.analysis.miniature.presets import PAIR, PLANS, Family, Plan, customised, training_key
+    from gated_qwen.analysis.miniature.runs import unique_runs
 
-    preset = customised(PRESETS["smoke"], seeds=(4, 5), high_lr_variants=("baseline", "g1-elementwise"))
+    preset = customised(PLANS["smoke"].main, seeds=(4, 5), high_lr_variants=PAIR)
     assert planned_runs(preset, ["baseline", "ns-sigmoid", "g1-elementwise"]) == [
         (v, lr, seed) for seed in (4, 5) for v, lr in (("baseline", 1e-2), ("ns-sigmoid", 1e-2),
                                                       ("g1-elementwise", 1e-2), ("baseline", 4e-2),
                                                       ("g1-elementwise", 4e-2))]
-    # The M-Act model: baseline and G1 elementwise at its standard rate, with the main preset's seeds; only when
-    # both variants are chosen and the preset has one.
-    assert mact_runs(preset, ["ns-sigmoid", "g1-elementwise", "baseline"]) == [
-        (v, 1e-2, seed) for seed in (4, 5) for v in ("baseline", "g1-elementwise")]
-    assert mact_preset(preset).seeds == (4, 5) and mact_preset(preset).num_hidden_layers == 2
-    assert mact_runs(preset, ["baseline", "ns-sigmoid"]) == []
-    assert mact_runs(dataclasses.replace(preset, mact=None), ["baseline", "g1-elementwise"]) == []
-    assert PRESETS["confirm"].mact.num_hidden_layers > PRESETS["confirm"].num_hidden_layers
-    # The demo's and the confirmatory run's seeds: fresh (none a seed any of their set-ups was chosen on), at least
-    # the 6 a 95% sign-test interval needs, the demo's among the confirmatory run's.
-    demo, confirm = PRESETS["default"], PRESETS["confirm"]
-    for family in (demo, confirm, mact_preset(confirm), dataclasses.replace(confirm.long_context, seeds=confirm.seeds)):
-        assert len(family.seeds) >= 6 and not set(family.seeds) & set(family.tuning_seeds), family
-    assert set(demo.seeds) < set(confirm.seeds) and len(confirm.seeds) == 10
-    assert demo.mact is demo.long_context is None  # the demo: the one-layer models only
+    assert planned_runs(dataclasses.replace(preset, high_lr_variants=()), ["baseline"]) == [
+        ("baseline", 1e-2, 4), ("baseline", 1e-2, 5)]
+    # a run two families share (same model, variant, rate and seed) is trained once, at its first family
+    more_seeds = dataclasses.replace(preset, seeds=(4, 5, 6), tuning_seeds=(0, 1, 2))
+    other_model = dataclasses.replace(preset, num_hidden_layers=2)
+    plan = Plan((Family("main", preset, ("baseline", "ns-sigmoid")), Family("stability", more_seeds),
+                 Family("deep", other_model)))
+    runs = unique_runs(plan)
+    assert [(p is preset, v, lr, seed) for p, v, lr, seed in runs[:5]] == [
+        (True, "baseline", 1e-2, 4), (True, "ns-sigmoid", 1e-2, 4), (True, "baseline", 4e-2, 4),
+        (True, "baseline", 1e-2, 5), (True, "ns-sigmoid", 1e-2, 5)]
+    keys = [(training_key(p), v, lr, seed) for p, v, lr, seed in runs]
+    assert len(keys) == len(set(keys)) == 6 + (12 - 4) + 8  # the stability family adds G1 and seed 6
+    assert training_key(more_seeds) == training_key(preset) != training_key(other_model)
+
+
+def test_the_demo_and_the_confirmatory_run_have_fresh_disjoint_seeds():
+    """The demo's and the confirmatory run's seeds: none a seed any of their set-ups was chosen on (0-9), enough for a
+    95% interval (and for Holm's correction to keep a unanimous row: 12 seeds at least), and the confirmatory run's
+    evidence never a seed the demo reports; the stability family judges failures on at least 30 seeds."""
+    from gated_qwen.analysis.miniature.presets import PLANS
+
+    demo, confirm = PLANS["default"], PLANS["confirm"]
+    demo_seeds = {seed for f in demo.families for seed in f.preset.seeds}
+    assert [f.name for f in demo.families] == ["main"] and len(demo_seeds) >= 12
+    for family in (*demo.families, *confirm.families):
+        assert len(family.preset.seeds) >= 12 and not set(family.preset.seeds) & set(range(10)), family.name
+        assert set(family.preset.tuning_seeds) <= set(range(10)), family.name
+        if family in confirm.families:
+            assert not set(family.preset.seeds) & demo_seeds, family.name
+    stability = next(f for f in confirm.families if f.name == "stability")
+    assert len(stability.preset.seeds) >= 30 and stability.preset.high_lr_variants == ("baseline", "g1-elementwise")
 
 
 def test_loss_spikes():
@@ -572,25 +603,41 @@ def test_reproduce_smoke_preset_end_to_end(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "| g1-elementwise |" in printed and "The paper's directions" in printed
     for name in ("report.md", "report.json", "loss_curves.png", "first_token_attention.png", "max_activation.png",
-                 "gate_histograms.png", "attention_maps.png", "extrapolation.png", "overview.png",
-                 "heldout.safetensors"):
+                 "first_token_attention_high_lr.png", "gate_histograms.png", "attention_maps.png", "extrapolation.png",
+                 "overview.png", "heldout.safetensors", "heldout_mact.safetensors", "heldout_table1.safetensors",
+                 "heldout_long.safetensors", "recall_by_length.png"):
         assert (out / name).stat().st_size > 0, name
+    assert not (out / "heldout_stability.safetensors").exists()  # the stability family's documents are the main's
     report = json.loads((out / "report.json").read_text())
-    assert report["learning_rates"] == [1e-2, 4e-2] and report["seeds"] == report["meta"]["seeds"] == [3]
-    assert report["preset"]["corpus"] == "bigram-backcopy" and report["preset"]["use_qk_norm"] is False
-    assert len(report["runs"]) == 8 and len(report["runs"]["baseline-lr0.01-seed3"]["train_loss"]) == 6
-    # One seed: no 95% interval, so no direction is decided (tests/analysis/test_statistics.py judges made-up seeds).
-    assert {c["verdict"] for c in report["directions"]} <= {"inconclusive", "not testable here"}
-    assert all(c["seeds"] == [3] and c["interval"]["low"] is None for c in report["directions"])
-    assert json.loads((out / "directions.json").read_text())["directions"] == report["directions"]
+    families = report["plan"]["families"]
+    assert list(families) == ["main", "mact", "table1", "stability", "long"] == report["meta"]["families"]
+    info = families["main"]
+    assert info["learning_rates"] == [1e-2, 4e-2] and report["meta"]["seeds"]["main"] == info["seeds"] == [3]
+    assert info["corpus"] == "bigram-backcopy" and info["use_qk_norm"] is False
+    runs = report["runs"]
+    assert len(runs["main"]) == 6 and len(runs["main"]["baseline-lr0.01-seed3"]["train_loss"]) == 6
+    # the stability family reads the main models' runs (trained once) and adds nothing here
+    assert runs["stability"]["baseline-lr0.04-seed3"] == runs["main"]["baseline-lr0.04-seed3"]
+    assert sorted(p.name for p in (out / "models").iterdir() if not p.name.startswith(("mact-", "table1-", "long-"))) \
+        == sorted(runs["main"])
+    # the rows as run: the commit that last changed directions.py, and whether the tree was clean (a checkout here)
+    meta = report["meta"]
+    assert set(meta) >= {"directions_commit", "directions_commit_date", "directions_file_clean", "tree_clean", "head",
+                         "directions_sha256", "started_at"}
+    assert meta["directions_commit"] is None or len(meta["directions_commit"]) == 40
+    # One seed: no 95% interval, so no direction is decided (test_judge.py judges made-up seeds), nor corrected.
+    directions = report["directions"]
+    assert {c["verdict"] for c in directions} <= {"inconclusive", "not testable here"}
+    assert all(set(c["adjusted"].values()) <= {"inconclusive", "not testable here"} for c in directions)
+    assert all(c["seeds"] == [3] and (c["interval"] is None or c["interval"]["low"] is None) for c in directions)
+    assert json.loads((out / "directions.json").read_text())["directions"] == directions
     assert "long/yarn-4x" in report["not_run"]  # the smoke preset's long-context model is evaluated at 1x and 2x
     # The saved model, measured again, gives the report's numbers.
     heldout = load_file(out / "heldout.safetensors")["input_ids"]
-    run = report["runs"]["g1-elementwise-lr0.04-seed3"]
+    run = runs["main"]["g1-elementwise-lr0.04-seed3"]
     model = GatedQwenForCausalLM.from_pretrained(out / "models" / "g1-elementwise-lr0.04-seed3").eval()
-    seq_len, analysed = report["preset"]["seq_len"], report["preset"]["analysis_documents"]
-    assert run["heldout_loss"] == pytest.approx(mean_nll(model, heldout[: report["preset"]["eval_documents"],
-                                                                         :seq_len]), rel=1e-5)
+    seq_len, analysed = info["seq_len"], info["analysis_documents"]
+    assert run["heldout_loss"] == pytest.approx(mean_nll(model, heldout[: info["eval_documents"], :seq_len]), rel=1e-5)
     # F-Attn from the eager attention probabilities, the gate mean from the gate's weights (not analyze() again).
     attentions, hidden = eager_outputs(model, heldout[:analysed, :seq_len])
     assert run["analysis"]["summary"]["first_token_attention"] == pytest.approx(
@@ -601,42 +648,60 @@ def test_reproduce_smoke_preset_end_to_end(tmp_path, capsys):
     # F-Attn at the queries that are not triggers, by hand from the per-query attention of the saved model.
     docs = heldout[:analysed, :seq_len]
     per_query = first_token_attention_per_query(model, docs)[..., 1:].double().mean(dim=(1, 2))  # [N, S-1]
-    other = ~BigramBackcopy(**report["preset"]["language"]).is_trigger(docs)[:, 1:]
+    other = ~BigramBackcopy(**info["language"]).is_trigger(docs)[:, 1:]
     assert run["sink"]["other"] == pytest.approx(per_query[other].mean().item(), rel=1e-5)
-    # The M-Act model (baseline and G1 elementwise, standard rate): its M-Act is the largest |output| of any decoder
-    # layer of the saved model on the saved held-out documents, by hand with forward hooks.
-    assert sorted(report["mact_runs"]) == ["baseline-lr0.01-seed3", "g1-elementwise-lr0.01-seed3"]
-    info = report["preset"]["mact"]
+    _check_the_other_families(out, report)
+    _check_the_commands_flags(tmp_path, out, capsys)
+
+
+def _check_the_other_families(out, report):
+    """The M-Act model's largest |output| at the first token of its non-final layers and every head's F-Attn, table
+    1's losses against the corpus's floor, low bits and the long-context model's recall, each from the saved models
+    and documents by hand."""
+    families, runs = report["plan"]["families"], report["runs"]
+    info = families["mact"]
+    assert sorted(runs["mact"]) == ["baseline-lr0.01-seed3", "g1-elementwise-lr0.01-seed3"]
     assert (info["num_hidden_layers"], info["corpus"], info["seeds"]) == (2, "repeats", [3])
-    mact_docs = load_file(out / "heldout_mact.safetensors")["input_ids"][: info["analysis_documents"], : info["seq_len"]]
-    for name, run in report["mact_runs"].items():
-        outputs = _layer_outputs(GatedQwenForCausalLM.from_pretrained(out / "models" / f"mact-{name}"), mact_docs)
+    mact_docs = load_file(out / "heldout_mact.safetensors")["input_ids"]
+    for name, run in runs["mact"].items():
+        model = GatedQwenForCausalLM.from_pretrained(out / "models" / f"mact-{name}").eval()
+        outputs = _layer_outputs(model, mact_docs[: info["analysis_documents"], : info["seq_len"]])
         assert len(outputs) == 2
-        assert run["analysis"]["summary"]["max_activation"] == pytest.approx(
-            max(o.abs().max().item() for o in outputs), rel=1e-5)
-    assert "## Massive activations in the M-Act model" in (out / "report.md").read_text()
-    assert (out / "max_activation_mact.png").stat().st_size > 0
-    # Low-bit inference: the PPL of each saved main and M-Act model under each scheme, against the model quantized
-    # by hand on the saved documents.
-    main_docs = heldout[: report["preset"]["eval_documents"], :seq_len]
-    mact_docs = load_file(out / "heldout_mact.safetensors")["input_ids"][: info["eval_documents"], : info["seq_len"]]
-    for folder, run, docs in (("g1-elementwise-lr0.01-seed3", report["runs"]["g1-elementwise-lr0.01-seed3"],
-                               main_docs),
-                              ("mact-baseline-lr0.01-seed3", report["mact_runs"]["baseline-lr0.01-seed3"], mact_docs)):
+        assert run["analysis"]["summary"]["first_token_max_activation_nonfinal"] == pytest.approx(
+            outputs[0][:, 0].abs().max().item(), rel=1e-5)
+        attentions, _ = eager_outputs(model, mact_docs[: info["analysis_documents"], : info["seq_len"]])
+        assert [layer["first_token_attention_per_head"] for layer in run["analysis"]["layers"]] == [
+            pytest.approx(w[:, :, 1:, 0].mean(dim=(0, 2)).tolist(), rel=1e-5) for w in attentions]
+    info = families["table1"]
+    assert sorted(runs["table1"]) == sorted(f"{v}-lr0.01-seed3" for v in info["variants"]) and len(info["variants"]) == 5
+    corpus = TrigramLanguage(**info["language"])
+    docs = load_file(out / "heldout_table1.safetensors")["input_ids"][: info["eval_documents"], : info["seq_len"]]
+    for name, run in runs["table1"].items():
+        model = GatedQwenForCausalLM.from_pretrained(out / "models" / f"table1-{name}").eval()
+        assert run["heldout_loss"] == pytest.approx(nll_by_hand(model, docs), rel=1e-5)
+        assert run["entropy_floor"] == pytest.approx(corpus.entropy_floor(info["seq_len"]), rel=1e-12)
+    assert json.loads((out / "models" / "table1-g2-value-lr0.01-seed3" / "config.json").read_text())[
+        "gate_position"] == "value"
+    # Low-bit inference: the PPL of a saved main and M-Act model under each scheme, against the model quantized by hand.
+    main_docs = load_file(out / "heldout.safetensors")["input_ids"][: families["main"]["eval_documents"],
+                                                                      : families["main"]["seq_len"]]
+    for folder, run, docs in (("g1-elementwise-lr0.01-seed3", runs["main"]["g1-elementwise-lr0.01-seed3"], main_docs),
+                              ("mact-baseline-lr0.01-seed3", runs["mact"]["baseline-lr0.01-seed3"],
+                               mact_docs[: families["mact"]["eval_documents"], : families["mact"]["seq_len"]])):
         model = GatedQwenForCausalLM.from_pretrained(out / "models" / folder).eval()
         assert run["quantization"]["float"]["nll"] == pytest.approx(nll_by_hand(model, docs), rel=1e-5)
         for scheme in SCHEMES:
             assert run["quantization"][scheme]["nll"] == pytest.approx(
                 nll_by_hand(hand_quantized(model, SCHEMES[scheme]), docs), rel=1e-5), (folder, scheme)
-    # The long-context model (baseline, G1 elementwise and headwise): recall accuracy and the NLL of the recalled
-    # tokens at every length, without and with YaRN, counted on the saved model and the saved documents.
-    assert sorted(report["long_context_runs"]) == [f"{v}-lr0.01-seed3" for v in ("baseline", "g1-elementwise")]
-    info = report["preset"]["long_context"]
+    # The long-context model: recall accuracy and the NLL of the recalled tokens at every length, without and with
+    # YaRN, counted on the saved model and the saved documents.
+    assert sorted(runs["long"]) == [f"{v}-lr0.01-seed3" for v in ("baseline", "g1-elementwise")]
+    info = families["long"]
     assert (info["corpus"], info["extrapolation"], info["seeds"]) == ("recall", [1, 2], [3])
     corpus = KeyValueRecall(**info["language"])
-    saved = load_file(out / "heldout_long_context.safetensors")
+    saved = load_file(out / "heldout_long.safetensors")
     assert sorted(saved) == ["input_ids_24", "input_ids_48"]
-    for name, run in report["long_context_runs"].items():
+    for name, run in runs["long"].items():
         model = GatedQwenForCausalLM.from_pretrained(out / "models" / f"long-{name}").eval()
         assert [row["length"] for row in run["extrapolation"]] == [24, 48]
         for row in run["extrapolation"]:
@@ -647,18 +712,17 @@ def test_reproduce_smoke_preset_end_to_end(tmp_path, capsys):
                 assert count == 3 * corpus.facts(row["length"]) and row[f"recall{suffix}"] == {
                     "accuracy": hits / count, "nll": pytest.approx(nll / count, rel=1e-5), "positions": count}
     text = (out / "report.md").read_text()
+    assert all(f"## Family `{name}`" in text for name in families)
     assert "## Longer contexts: the long-context model" in text and "## Low-bit inference" in text
-    assert (out / "recall_by_length.png").stat().st_size > 0
-    assert main(["reproduce", "--preset", "smoke", "--out", str(tmp_path / "no-mact"), "--jobs", "1", "--variants",
-                 "baseline,g1-elementwise,g1-headwise", "--seeds", "4", "--no-mact-model",
-                 "--no-long-context-model"]) == 0
-    report = json.loads((tmp_path / "no-mact" / "report.json").read_text())
-    assert report["mact_runs"] == {} and report["preset"]["mact"] is None and len(report["runs"]) == 6
-    assert report["long_context_runs"] == {} and report["preset"]["long_context"] is None
-    assert not (tmp_path / "no-mact" / "heldout_mact.safetensors").exists()
-    assert not (tmp_path / "no-mact" / "heldout_long_context.safetensors").exists()
-    assert not list((tmp_path / "no-mact" / "models").glob("mact-*"))
-    assert not list((tmp_path / "no-mact" / "models").glob("long-*"))
+
+
+def _check_the_commands_flags(tmp_path, out, capsys):
+    assert main(["reproduce", "--preset", "smoke", "--out", str(tmp_path / "main-only"), "--jobs", "1", "--variants",
+                 "baseline,g1-elementwise,g1-headwise", "--seeds", "4", "--families", "main"]) == 0
+    report = json.loads((tmp_path / "main-only" / "report.json").read_text())
+    assert list(report["runs"]) == list(report["plan"]["families"]) == ["main"] and len(report["runs"]["main"]) == 5
+    assert sorted(p.name for p in (tmp_path / "main-only").glob("heldout*")) == ["heldout.safetensors"]
+    assert not [p for p in (tmp_path / "main-only" / "models").iterdir() if "-lr" in p.name.split("-", 1)[0]]
     # A non-empty folder is never overwritten silently; --overwrite replaces it whole.
     (out / "mine.txt").write_text("keep")
     assert main(["reproduce", "--preset", "smoke", "--out", str(out), "--jobs", "1"]) == 2
@@ -666,21 +730,26 @@ def test_reproduce_smoke_preset_end_to_end(tmp_path, capsys):
     assert main(["reproduce", "--preset", "smoke", "--out", str(out), "--jobs", "1", "--variants", "baseline",
                  "--steps", "2", "--hidden-size", "16", "--layers", "1", "--seq-len", "24", "--batch-size", "2",
                  "--learning-rates", "0.001", "0.002", "--seeds", "5", "6", "--corpus", "repeats", "--qk-norm",
-                 "--no-clip", "--overwrite"]) == 0
+                 "--no-clip", "--overwrite", "--families", "main"]) == 0
     assert not (out / "mine.txt").exists()
     report = json.loads((out / "report.json").read_text())
-    assert report["variants"] == ["baseline"] and report["learning_rates"] == [0.001, 0.002]
-    assert report["seeds"] == [5, 6] and len(report["runs"]) == 4 and report["preset"]["corpus"] == "repeats"
-    assert {k: report["preset"][k] for k in ("steps", "hidden_size", "head_dim", "num_hidden_layers", "seq_len",
-                                             "batch_size", "use_qk_norm", "max_grad_norm")} == dict(
+    info = report["plan"]["families"]["main"]
+    assert info["variants"] == ["baseline"] and info["learning_rates"] == [0.001, 0.002]
+    assert info["seeds"] == [5, 6] and len(report["runs"]["main"]) == 4 and info["corpus"] == "repeats"
+    assert {k: info[k] for k in ("steps", "hidden_size", "head_dim", "num_hidden_layers", "seq_len", "batch_size",
+                                 "use_qk_norm", "max_grad_norm")} == dict(
         steps=2, hidden_size=16, head_dim=16, num_hidden_layers=1, seq_len=24, batch_size=2, use_qk_norm=True,
         max_grad_norm=0.0)
-    config = json.loads((out / "models" / "baseline-lr0.002-seed6" / "config.json").read_text())
+    config = json.loads((out / "models" / "baseline-lr0.001-seed6" / "config.json").read_text())
     assert (config["hidden_size"], config["num_hidden_layers"], config["max_position_embeddings"],
             config["vocab_size"], config["use_qk_norm"]) == (16, 1, 24, 128, True)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["no-mact", "run"]  # no staging folder left behind
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["main-only", "run"]  # no staging folder left behind
     assert main(["reproduce", "--preset", "smoke", "--out", str(tmp_path / "x"), "--variants", "g9"]) == 2
     assert "unknown ['g9']" in capsys.readouterr().err
+    assert main(["reproduce", "--preset", "smoke", "--out", str(tmp_path / "x"), "--families", "main,deep"]) == 2
+    assert "--families: ['deep']" in capsys.readouterr().err
+    assert main(["reproduce", "--preset", "smoke", "--out", str(tmp_path / "x"), "--families", "long"]) == 2
+    assert "main is missing" in capsys.readouterr().err
     assert main(["reproduce", "--preset", "large", "--out", str(tmp_path / "x"), "--hidden-size", "30"]) == 2
     assert "multiple of the 8 attention heads" in capsys.readouterr().err
     assert main(["reproduce", "--preset", "smoke", "--out", str(tmp_path / "x"), "--seeds", "1", "1000000"]) == 2
@@ -699,14 +768,16 @@ def test_reproduce_in_worker_processes_gives_the_in_process_results(tmp_path, mo
     a Unix socket in it (how tensors pickled as they are cross between processes) would not fit."""
     from safetensors.torch import load_file
 
-    from gated_qwen.analysis.reproduce import PRESETS, customised, run_all
+    from gated_qwen.analysis.miniature.presets import PLANS, Family, Plan, customised
+    from gated_qwen.analysis.miniature.runs import run_all
 
     long_tmp = tmp_path / ("t" * (100 - len(str(tmp_path))))
     long_tmp.mkdir()
     monkeypatch.setenv("TMPDIR", str(long_tmp))
-    preset = customised(PRESETS["smoke"], steps=3, seeds=(2,))
-    inline = run_all(preset, ["g1-headwise"], models_dir=tmp_path / "inline", jobs=1, progress=False)
-    spawned = run_all(preset, ["g1-headwise"], models_dir=tmp_path / "spawned", jobs=2, progress=False)
+    preset = customised(PLANS["smoke"].main, steps=3, seeds=(2,), high_lr_variants=("g1-headwise",))
+    plan = Plan((Family("main", preset, ("g1-headwise",)),))
+    inline = list(run_all(plan, models_dir=tmp_path / "inline", jobs=1, progress=False).values())
+    spawned = list(run_all(plan, models_dir=tmp_path / "spawned", jobs=2, progress=False).values())
     for model in ("g1-headwise-lr0.01-seed2", "g1-headwise-lr0.04-seed2"):
         a, b = (load_file(tmp_path / kind / model / "model.safetensors") for kind in ("inline", "spawned"))
         assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-6) for k in a)
@@ -826,19 +897,21 @@ def test_commands_refuse_bad_input_in_one_line_and_write_nothing(tmp_path, capsy
         assert sorted(p.name for p in tmp_path.rglob("*")) == before  # no output, no staging folder, no parent
 
 
-def test_a_short_first_stage_trains_before_the_main_one():
-    """`Preset.short_stage`: steps on shorter documents first (the paper's pretraining before its long-context
-    stage), logged with the rest; the memory estimate counts the larger stage's documents."""
+def test_short_stages_train_before_the_main_one():
+    """`Preset.short_stages`: steps on shorter documents first, in order (the paper's pretraining before its
+    long-context stage; a curriculum of lengths), logged with the rest; the memory estimate counts the largest
+    stage's documents."""
     from gated_qwen.analysis.memory import training_bytes
-    from gated_qwen.analysis.reproduce import PRESETS, customised, train_and_measure
+    from gated_qwen.analysis.miniature.presets import PLANS, customised
+    from gated_qwen.analysis.miniature.runs import train_and_measure
 
-    preset = customised(PRESETS["smoke"], steps=2, short_stage=(8, 3), extrapolation=(1,))
+    preset = customised(PLANS["smoke"].main, steps=2, short_stages=((8, 3), (12, 1)), extrapolation=(1,))
     result, model = train_and_measure(preset, "g1-elementwise", 1e-2, seed=1)
-    assert len(result["train_loss"]) == 5 and model.config.max_position_embeddings == preset.seq_len
-    one_stage = customised(preset, short_stage=None)
+    assert len(result["train_loss"]) == 6 and model.config.max_position_embeddings == preset.seq_len
+    one_stage = customised(preset, short_stages=())
     assert training_bytes(one_stage) == training_bytes(preset)  # 3 x 4 x 8 tokens: fewer than 2 x 4 x 24
-    assert training_bytes(customised(preset, short_stage=(8, 10**6))) - training_bytes(one_stage) == 8 * 4 * (
-        8 * 10**6 - 2 * 24)
+    assert training_bytes(customised(preset, short_stages=((8, 10**6), (12, 1)))) - training_bytes(one_stage) == (
+        8 * 4 * (8 * 10**6 - 2 * 24))
 
 
 @pytest.mark.parametrize("length, theta, head_dim, unchanged, interpolated_from", [
@@ -849,7 +922,7 @@ def test_yarn_bands_match_the_yarn_papers_formula(length, theta, head_dim, uncha
     """YaRN (Peng et al. 2023) with beta_fast 32 and beta_slow 1: a frequency that turns r times in the trained
     context is left alone where r >= 32 and divided by the factor where r <= 1; Transformers rounds the band edges
     (the dimension index where r crosses each bound, down and up) and ramps linearly between."""
-    from gated_qwen.analysis.measure import yarn_bands
+    from gated_qwen.analysis.perplexity import yarn_bands
 
     config = GatedQwenConfig(**sizes(TINY, head_dim=head_dim, max_position_embeddings=length,
                                      rope_parameters={"rope_type": "default", "rope_theta": theta}))

@@ -1,9 +1,12 @@
 """README.md, docs/analysis.md and benchmarks/RESULTS.md quote the committed reports of `make demo` and `make confirm`
 (`benchmarks/reproduce/demo.json` and `confirm.json`, each a run's `directions.json`) word for word: the table after a
 `<!-- quotes: FILE[: NAMES] -->` marker is that report's table (of those rows) exactly as
-`reproduce_report.directions_table` renders it (`benchmarks/reproduce/quote.py` writes it), and every
-"`name` **verdict**" in the text says the verdict of the report whose marker came last (a verdict before any marker
-fails). And each committed verdict follows from the committed per-seed numbers by the rule of `stats`."""
+`miniature.verdicts.directions_table` renders it (`benchmarks/reproduce/quote.py` writes it), every
+"`name` **verdict**" in the text says the raw verdict of the report whose marker came last and every
+"`name` Holm **verdict**" its verdict under Holm's correction (a verdict before any marker fails). And each committed
+verdict, raw and corrected, follows from the committed per-seed numbers by the rules of `stats`, with the rows as
+`directions.py` declares them; each report names the commit of the rows it ran (and they were committed in a clean
+tree), and the confirmatory run's evidence seeds are seeds the demo never reports."""
 
 import json
 import math
@@ -16,17 +19,41 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "reproduce"))
 from quote import MARKER, quoted_table  # noqa: E402
 
-from gated_qwen.analysis import stats
-from gated_qwen.analysis.directions import DIRECTIONS
+from gated_qwen.analysis.miniature import stats
+from gated_qwen.analysis.miniature.directions import DIRECTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 REPORTS = tuple(sorted(str(path.relative_to(ROOT)) for path in (ROOT / "benchmarks" / "reproduce").glob("*.json")))
 PAGES = ("README.md", "docs/analysis.md", "benchmarks/RESULTS.md")
-INLINE = re.compile(r"`([a-z0-9/.\-]+)` \*\*(yes|no|inconclusive|not testable here)\*\*")
+VERDICT = r"(yes|no|inconclusive|not testable here)"
+INLINE = re.compile(rf"`([a-z0-9/.\-]+)` \*\*{VERDICT}\*\*")
+INLINE_HOLM = re.compile(rf"`([a-z0-9/.\-]+)` Holm \*\*{VERDICT}\*\*")
 
 
 def report(name: str) -> dict:
     return json.loads((ROOT / name).read_text())
+
+
+def _values(entry: dict) -> list[float]:
+    return [e["value"] for e in entry["per_seed"].values() if e["value"] is not None and not math.isnan(e["value"])]
+
+
+def _raw_verdict(entry: dict, row, verdicts: dict) -> str:
+    """The raw verdict from the committed per-seed numbers: the sign test's interval, or McNemar's test on the
+    committed measurements (a failure: above the row's threshold)."""
+    if any(verdicts.get(r) != "yes" for r in row.requires):
+        return "not testable here"
+    if row.test == "mcnemar":
+        pairs = [(e["measured"][row.variant] > row.threshold, e["measured"][row.against] > row.threshold)
+                 for e in entry["per_seed"].values() if e["value"] is not None]
+        test = stats.mcnemar(pairs, row.side)
+        assert test == entry["mcnemar"] and test["p"] == entry["p"], entry["name"]
+        return test["verdict"]
+    values = _values(entry)
+    interval = stats.median_interval(values)
+    assert (interval["low"], interval["high"]) == (entry["interval"]["low"], entry["interval"]["high"])
+    assert entry["p"] == stats.interval_p(values, row.threshold)
+    return stats.verdict(interval, row.threshold, row.side)
 
 
 @pytest.mark.parametrize("name", REPORTS)
@@ -37,21 +64,57 @@ def test_each_committed_verdict_follows_from_its_per_seed_numbers(name):
     assert judged, name
     for entry in judged:
         row = rows[entry["name"]]
-        values = [e["value"] for e in entry["per_seed"].values() if e["value"] is not None and not math.isnan(e["value"])]
-        interval = stats.median_interval(values)
-        assert (interval["low"], interval["high"]) == (entry["interval"]["low"], entry["interval"]["high"])
-        assert [int(seed) for seed in entry["per_seed"]] == entry["seeds"]
-        assert not set(entry["seeds"]) & set(entry["meta"]["tuning_seeds"])  # tuning seeds are never evidence
-        blocked = any(verdicts.get(r) != "yes" for r in row.requires)
-        expected = "not testable here" if blocked else stats.verdict(interval, row.threshold, row.side)
-        assert entry["verdict"] == expected, entry["name"]
-        assert (entry["claim"], entry["threshold"], entry["side"]) == (row.claim, row.threshold, row.side)
+        assert (entry["claim"], entry["threshold"], entry["side"], entry["test"]) == (
+            row.claim, row.threshold, row.side, row.test)
+        if not entry["per_seed"]:  # a family the run declared untestable
+            assert entry["verdict"] == "not testable here" and entry["not_testable_because"], entry["name"]
+        else:
+            assert [int(seed) for seed in entry["per_seed"]] == entry["seeds"]
+            assert not set(entry["seeds"]) & set(entry["meta"]["tuning_seeds"])  # tuning seeds are never evidence
+            assert entry["verdict"] == _raw_verdict(entry, row, verdicts), entry["name"]
         verdicts[entry["name"]] = entry["verdict"]
+    # the corrections over the rows of the report, recomputed from the committed verdicts and p-values
+    recomputed = [{"name": e["name"], "verdict": e["verdict"], "p": e["p"], "requires": e["requires"]} for e in judged]
+    stats.adjust(recomputed)
+    assert [r["adjusted"] for r in recomputed] == [e["adjusted"] for e in judged]
+    tested = sum(e["verdict"] in stats.VERDICTS for e in judged)
+    for entry in judged:
+        n = len(_values(entry)) if entry["test"] == "sign" else entry["mcnemar"]["pairs"] if entry["per_seed"] else 0
+        assert entry["detectable"]["raw"] == (stats.detectable(entry["test"], n) if n else None), entry["name"]
+        assert entry["detectable"]["holm"] == (stats.detectable(entry["test"], n, stats.ALPHA / tested) if n
+                                               else None), entry["name"]
+
+
+@pytest.mark.parametrize("name", REPORTS)
+def test_each_report_names_the_committed_rows_it_ran(name):
+    """The rows were committed, in a clean tree, before the run (`meta.directions_commit`, the last commit of
+    directions.py as run), and the file as run is this checkout's, byte for byte: a row changed after the run fails
+    here until a new run (on new evidence seeds) replaces the report."""
+    import datetime
+    import hashlib
+
+    from gated_qwen.analysis.miniature import directions
+
+    meta = report(name)["meta"]
+    assert len(meta["directions_commit"]) == 40 and meta["directions_file_clean"] is True
+    assert datetime.datetime.fromisoformat(meta["directions_commit_date"]) < datetime.datetime.fromisoformat(
+        meta["started_at"]), "the rows were committed after the run started"
+    assert meta["tree_clean"] is True, f"{name} was run from a working tree with uncommitted changes"
+    assert hashlib.sha256(Path(directions.__file__).read_bytes()).hexdigest() == meta["directions_sha256"], (
+        f"directions.py changed since {name} was run")
+
+
+def test_the_confirmatory_evidence_is_fresh():
+    """No seed of the confirmatory run's evidence is a seed the demo reports."""
+    demo, confirm = report("benchmarks/reproduce/demo.json"), report("benchmarks/reproduce/confirm.json")
+    demo_seeds = {seed for entry in demo["directions"] for seed in entry["seeds"]}
+    confirm_seeds = {seed for entry in confirm["directions"] for seed in entry["seeds"]}
+    assert confirm_seeds and not demo_seeds & confirm_seeds
 
 
 @pytest.mark.parametrize("page", PAGES)
 def test_the_pages_quote_the_committed_reports_word_for_word(page):
-    verdicts = {name: {d["name"]: d["verdict"] for d in report(name)["directions"]} for name in REPORTS}
+    judged = {name: {d["name"]: d for d in report(name)["directions"]} for name in REPORTS}
     lines = (ROOT / page).read_text().splitlines()
     source, quoted = None, 0
     for number, line in enumerate(lines, start=1):
@@ -63,8 +126,11 @@ def test_the_pages_quote_the_committed_reports_word_for_word(page):
             after = lines[number + len(wanted)] if number + len(wanted) < len(lines) else ""
             assert table == wanted and not after.startswith("|"), f"{page}:{number}: not the table of {source}"
             quoted += len(table) - 2
-        for name, verdict in INLINE.findall(line):
-            assert source is not None, f"{page}:{number}: `{name}` **{verdict}** quotes no report (no marker above it)"
-            assert verdicts[source].get(name) == verdict, f"{page}:{number}: `{name}` is not {verdict} in {source}"
-            quoted += 1
+        for pattern, verdict_of in ((INLINE, lambda d: d["verdict"]), (INLINE_HOLM, lambda d: d["adjusted"]["holm"])):
+            for name, verdict in pattern.findall(line):
+                assert source is not None, f"{page}:{number}: `{name}` **{verdict}** quotes no report (no marker above)"
+                row = judged[source].get(name)
+                assert row is not None and verdict_of(row) == verdict, f"{page}:{number}: `{name}` is not {verdict} " \
+                                                                       f"in {source}"
+                quoted += 1
     assert quoted, f"{page} quotes no verdict"

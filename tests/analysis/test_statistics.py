@@ -1,16 +1,16 @@
 """The statistics behind `reproduce`'s verdicts, against hand computation: the binomial tail and the sign test's
-interval (exact fractions, and its coverage by simulation), the sign test's p-value, the three-way verdict at, above
-and below its edges, and every direction row judged on made-up runs (per-seed numbers, tuning seeds left out, set-up
-rows that make a direction "not testable here")."""
+interval (exact fractions, and its coverage by simulation), the sign test's p-value and the one that matches the
+interval, the three-way verdict at, above and below its edges; the exact McNemar test (by hand, and against the
+binomial tail); Holm's and Benjamini-Hochberg's corrections (by hand, at their edges, and their error rates by
+simulation); the corrected verdicts of a report's rows; the smallest detectable effect (by hand and by simulation).
+The rows judged on made-up runs: test_judge.py."""
 
 import math
 import random
 
 import pytest
 
-from gated_qwen.analysis import stats
-from gated_qwen.analysis.directions import DIRECTIONS, METRICS, Direction, evaluate, judge
-from gated_qwen.analysis.quantize import SCHEMES
+from gated_qwen.analysis.miniature import stats
 
 
 def test_binomial_tail_by_hand():
@@ -83,141 +83,132 @@ def test_the_verdict_of_a_ratio_against_a_third():
         stats.verdict({"low": 0.1, "high": 0.2}, third, "lower")
 
 
-# ------------------------------------------------------------------------------------------- the direction rows
-def run(variant, seed, f_attn=0.5, m_act=100.0, gate=None, below=None, loss=2.0, rise=0.1, lr=0.01, increases=None,
-        recall=None):
-    """A `train_and_measure` result with what the rows read; `recall`: (without, with YaRN) at 1x, 2x, 4x of 32."""
-    rows = [{"length": 32 * m, "recall": {"accuracy": a}, "recall_yarn": {"accuracy": b}}
-            for m, (a, b) in zip((1, 2, 4), recall or [(1.0, 1.0)] * 3)]
-    return {"variant": variant, "seed": seed, "learning_rate": lr, "heldout_loss": loss, "loss_max_rise": rise,
-            "analysis": {"summary": {"first_token_attention": f_attn, "max_activation": m_act, "gate_mean": gate,
-                                     "gate_below_0.1": below}},
-            "quantization": {s: {"increase": x} for s, x in zip(SCHEMES, increases or (0.01,) * 4)},
-            "extrapolation": rows}
+
+# ------------------------------------------------------------------------------------ the p-value of an interval
+def test_the_interval_p_value_by_hand():
+    assert stats.interval_p([0.1, 0.2, 0.3, 0.4, 0.5, 0.6], 0.0) == 2 / 64  # all six above
+    assert stats.interval_p([0.0, 0.2, 0.3, 0.4, 0.5, 0.6], 0.0) == 2 * 7 / 64  # a tie counts against excluding
+    assert stats.interval_p([-0.1, 0.2, 0.3, 0.4, 0.5, 0.6], 0.0) == 2 * 7 / 64
+    assert stats.interval_p([0.1] * 5, 0.0) == 2 / 32  # 5 seeds: never below 5%
+    assert stats.interval_p([], 0.0) == 1.0 and stats.interval_p([1.0, -1.0], 0.0) == 1.0
 
 
-def family(runs, seeds, tuning=(), rates=(0.01, 0.04)):
-    return {"runs": {(r["variant"], r["learning_rate"], r["seed"]): r for r in runs},
-            "learning_rates": {"standard": rates[0], "high": rates[1]}, "seeds": list(seeds),
-            "tuning_seeds": list(tuning)}
+def test_the_interval_p_value_is_at_most_5_percent_exactly_when_the_verdict_is_decided():
+    """On random numbers with ties at the threshold (0, 1 or 2 per sample), 5 to 25 seeds, either side."""
+    rng = random.Random(7)
+    for _ in range(3000):
+        n = rng.randint(5, 25)
+        values = [rng.choice((0.0, rng.gauss(0.8, 1.0))) if rng.random() < 0.1 else rng.gauss(0.8, 1.0)
+                  for _ in range(n)]
+        side = rng.choice(("above", "below"))
+        decided = stats.verdict(stats.median_interval(values), 0.0, side) != "inconclusive"
+        assert (stats.interval_p(values, 0.0) <= stats.ALPHA) == decided, (values, side)
 
 
-def row(name):
-    return next(d for d in DIRECTIONS if d.name == name)
+# ------------------------------------------------------------------------------------------ the McNemar test
+def test_mcnemar_by_hand():
+    both, neither = (True, True), (False, False)
+    fewer = [(False, True)] * 6 + [both] * 3 + [neither] * 21  # G1 never fails where the baseline fails 6 times
+    test = stats.mcnemar(fewer)
+    assert test == {"variant_only": 0, "against_only": 6, "pairs": 30, "variant_failures": 3, "against_failures": 9,
+                    "p": pytest.approx(2 / 64), "verdict": "yes"}
+    assert stats.mcnemar(fewer, paper="above")["verdict"] == "no"
+    five = stats.mcnemar([(False, True)] * 5 + [neither] * 25)  # 5 discordant pairs: p = 2/32 > 5%
+    assert five["p"] == pytest.approx(2 / 32) and five["verdict"] == "inconclusive"
+    more = stats.mcnemar([(True, False)] * 7 + [(False, True)])  # 7 vs 1: 2 P(B <= 1), B ~ Binomial(8, 1/2)
+    assert more["p"] == pytest.approx(2 * stats.binomial_half_cdf(1, 8)) == pytest.approx(18 / 256)
+    assert more["verdict"] == "inconclusive"
+    more = stats.mcnemar([(True, False)] * 9 + [(False, True)])  # 9 vs 1: 2 * 11 / 1024 < 5%, the wrong way
+    assert more["p"] == pytest.approx(22 / 1024) and more["verdict"] == "no"
+    even = stats.mcnemar([(True, False)] * 3 + [(False, True)] * 3 + [both] * 4)
+    assert even["p"] == 1.0 and even["verdict"] == "inconclusive"
+    assert stats.mcnemar([both, neither]) == {"variant_only": 0, "against_only": 0, "pairs": 2, "variant_failures": 1,
+                                              "against_failures": 1, "p": 1.0, "verdict": "inconclusive"}
+    with pytest.raises(ValueError, match="'above' or 'below'"):
+        stats.mcnemar(fewer, paper="less")
 
 
-def test_the_rows_are_declared_once_with_known_metrics_and_set_ups():
-    names = [d.name for d in DIRECTIONS]
-    assert len(names) == len(set(names))
-    for d in DIRECTIONS:
-        assert d.metric in METRICS and d.side in ("above", "below") and d.comparison in ("difference", "ratio")
-        assert d.family in ("main", "mact", "long")
-        assert all(names.index(r) < names.index(d.name) for r in d.requires), d.name  # set-ups judged first
-    # every scheme, for G1 and each control of the main models, and for the M-Act model
-    assert {d.name for d in DIRECTIONS if d.name.startswith("quant/")} == {
-        f"quant/{s}/{v}" for s in SCHEMES for v in ("g1-elementwise", "g1-headwise", "ns-sigmoid", "input-independent",
-                                                    "sdpa-rmsnorm")}
-    assert {d.name for d in DIRECTIONS if d.name.startswith("mact/quant/")} == {f"mact/quant/{s}" for s in SCHEMES}
+# ---------------------------------------------------------------------------------------- corrections across rows
+@pytest.mark.parametrize("p, holm, fdr", [
+    ([0.01, 0.04, 0.03, 0.005], [True, False, False, True], [True, True, True, True]),
+    # Holm: 0.001 <= 0.05/3, 0.012 <= 0.05/2, 0.04 <= 0.05; BH: all <= k * 0.05 / 3
+    ([0.001, 0.04, 0.012], [True, True, True], [True, True, True]),
+    # BH steps up: 0.03 <= 2 * 0.05 / 3 rejects it and the smaller 0.02 (above 0.05 / 3); Holm stops at 0.02
+    ([0.02, 0.03, 0.2], [False, False, False], [True, True, False]),
+    # at the edges: exactly alpha / m (Holm) and k * alpha / m (BH) are rejected, a hair above is not
+    ([0.0125, 0.5, 0.5, 0.5], [True, False, False, False], [True, False, False, False]),
+    ([0.0125 + 1e-9, 0.5, 0.5, 0.5], [False, False, False, False], [False, False, False, False]),
+    ([0.025, 0.025, 0.9, 0.9], [False, False, False, False], [True, True, False, False]),
+    ([0.025 + 1e-9, 0.025 + 1e-9, 0.9, 0.9], [False, False, False, False], [False, False, False, False]),
+    ([0.05], [True], [True]), ([0.05 + 1e-9], [False], [False]), ([], [], []),
+])
+def test_holm_and_benjamini_hochberg_by_hand(p, holm, fdr):
+    assert stats.holm(p) == holm
+    assert stats.benjamini_hochberg(p) == fdr
 
 
-def test_sink_removal_judged_on_made_up_seeds():
-    """Baseline F-Attn 0.6 on every seed; G1's gives ratios G1 / baseline per seed, held against a third."""
-    removal = row("sink-removal/g1-elementwise")
-
-    def judged(g1_values, tuning=()):
-        seeds = list(range(len(g1_values)))
-        runs = [run("baseline", s, f_attn=0.6) for s in seeds] + [
-            run("g1-elementwise", s, f_attn=f) for s, f in zip(seeds, g1_values)]
-        fam = family(runs, seeds, tuning)
-        get = lambda v, rate, s: fam["runs"].get((v, fam["learning_rates"][rate], s))  # noqa: E731
-        return evaluate(removal, get, seeds, list(tuning), {"sink": "yes"})
-
-    all_below = judged([0.06, 0.12, 0.03, 0.09, 0.15, 0.18])  # ratios 0.1, 0.2, 0.05, 0.15, 0.25, 0.3
-    assert all_below["verdict"] == "yes" and all_below["seeds"] == [0, 1, 2, 3, 4, 5]
-    assert all_below["interval"]["low"] == pytest.approx(0.05) and all_below["interval"]["high"] == pytest.approx(0.3)
-    assert all_below["per_seed"][2] == {"value": pytest.approx(0.05),
-                                        "measured": {"g1-elementwise": 0.03, "baseline": 0.6}}
-    assert all_below["median"] == pytest.approx((0.15 + 0.2) / 2)
-    assert all_below["sign_test"] == {"above": 0, "below": 6, "p": 2 / 64}
-    one_above = judged([0.06, 0.12, 0.03, 0.09, 0.15, 0.3])  # the last ratio 0.5: 6 seeds need all six
-    assert one_above["verdict"] == "inconclusive" and one_above["interval"]["high"] == pytest.approx(0.5)
-    at_edge = judged([0.06, 0.12, 0.03, 0.09, 0.15, 0.2])  # the last ratio exactly a third
-    assert at_edge["interval"]["high"] == pytest.approx(1 / 3) and at_edge["verdict"] == "inconclusive"
-    # ten seeds allow one the other way: the interval runs from the 2nd smallest to the 2nd largest
-    ten = judged([0.06, 0.12, 0.03, 0.09, 0.15, 0.3, 0.06, 0.12, 0.03, 0.09])
-    assert ten["verdict"] == "yes" and ten["interval"]["high"] == pytest.approx(0.25)
-    assert judged([0.3, 0.36, 0.24, 0.42, 0.3, 0.33])["verdict"] == "no"  # ratios 0.4 - 0.7, all above a third
-    assert judged([0.06] * 5)["verdict"] == "inconclusive"  # 5 seeds: no 95% interval
-    # tuning seeds are never evidence: seeds 0 and 1 left out (listed under meta), four seeds remain
-    tuned = judged([0.06, 0.12, 0.03, 0.09, 0.15, 0.18], tuning=(0, 1))
-    assert tuned["seeds"] == [2, 3, 4, 5] and list(tuned["per_seed"]) == [2, 3, 4, 5]
-    assert tuned["meta"] == {"tuning_seeds": [0, 1], "tuning_seeds_in_this_run": [0, 1]}
-    assert tuned["verdict"] == "inconclusive"
+def test_the_corrections_hold_their_error_rates():
+    """5,000 reports of 20 rows, all true nulls (uniform p-values): Holm rejects any in at most 5% of them (the
+    family-wise error; about 1 - 0.95**... = 4.9% for independent rows), and so does BH (with every null true, its
+    false discovery rate is the family-wise error); with 10 false nulls (p-values near 0) BH finds all of those more
+    often than Holm."""
+    rng = random.Random(3)
+    trials = 5000
+    holm_any = sum(any(stats.holm([rng.random() for _ in range(20)])) for _ in range(trials)) / trials
+    bh_any = sum(any(stats.benjamini_hochberg([rng.random() for _ in range(20)])) for _ in range(trials)) / trials
+    assert holm_any <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / trials) and bh_any <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / trials)
+    mixed = [[rng.random() * 0.004 for _ in range(10)] + [rng.random() for _ in range(10)] for _ in range(500)]
+    assert sum(sum(stats.benjamini_hochberg(p)[:10]) for p in mixed) > sum(sum(stats.holm(p)[:10]) for p in mixed)
 
 
-def test_judge_every_family_with_set_ups_first():
-    seeds = list(range(10, 16))
-    main = [run("baseline", s, f_attn=0.7, m_act=100.0, loss=1.9, lr=0.01) for s in seeds]
-    main += [run("g1-elementwise", s, f_attn=0.05, m_act=300.0, gate=0.27, below=0.73, loss=1.9, lr=0.01)
-             for s in seeds]
-    main += [run("baseline", s, loss=2.7, rise=0.3 + 0.01 * s, lr=0.04) for s in seeds]  # a plateau at the high rate
-    main += [run("g1-elementwise", s, loss=1.9, rise=0.3, lr=0.04) for s in seeds]
-    long = [run("baseline", s, f_attn=0.2, recall=[(1.0, 0.5), (0.3, 0.4), (0.1, 0.2)]) for s in seeds]
-    long += [run("g1-elementwise", s, f_attn=0.1, recall=[(1.0, 0.9), (0.3, 0.6), (0.1, 0.1)]) for s in seeds]
-    judged, not_run = judge({"main": family(main, seeds, tuning=(0, 1)), "long": family(long, seeds)})
-    verdicts = {d["name"]: d["verdict"] for d in judged}
-    assert {k: verdicts[k] for k in ("sink", "sink-removal/g1-elementwise", "sparse-gate/mean",
-                                     "sparse-gate/near-zero", "m-act/g1-elementwise", "stability/baseline-degrades",
-                                     "stability/degradation", "stability/loss")} == {
-        "sink": "yes", "sink-removal/g1-elementwise": "yes",  # 0.7 > 0.3; 0.05 / 0.7 < 1/3
-        "sparse-gate/mean": "yes", "sparse-gate/near-zero": "yes",  # 0.27 < 0.3; 0.73 > 0.5
-        "m-act/g1-elementwise": "no",  # 300 / 100 = 3, above a half
-        "stability/baseline-degrades": "yes", "stability/degradation": "yes", "stability/loss": "yes"}
-    spikes = next(d for d in judged if d["name"] == "stability/spikes")  # rise 0.3 vs 0.4 .. 0.45: G1 smaller
-    assert spikes["verdict"] == "yes" and spikes["per_seed"][10]["value"] == pytest.approx(-0.1)
-    # the baseline forms no sink on the long-context corpus (0.2): its directions are not testable here
-    assert verdicts["long/sink"] == "no"
-    assert {verdicts[f"long/{k}"] for k in ("yarn-1x", "yarn-drop", "yarn-2x", "yarn-4x")} == {"not testable here"}
-    assert next(d for d in judged if d["name"] == "long/yarn-1x")["not_testable_because"] == ["long/sink"]
-    # no M-Act model, and no NS-sigmoid, input-independent, G1 headwise or RMSNorm runs: not run
-    assert "mact/m-act" in not_run and "quant/w4a4/ns-sigmoid" in not_run and "m-act/g1-headwise" in not_run
-    assert "m-act/g1-elementwise/high-lr" not in not_run
-    assert set(verdicts) | set(not_run) == {d.name for d in DIRECTIONS}
-    # with a sink, the long-context rows are judged: YaRN at 1x costs the baseline 0.5 and G1 0.1
-    long = [dict(r, analysis={"summary": {"first_token_attention": 0.5}}) for r in long]
-    judged, _ = judge({"long": family(long, seeds)})
-    verdicts = {d["name"]: d["verdict"] for d in judged}
-    assert verdicts == {"long/sink": "yes", "long/recall/baseline": "yes", "long/recall/g1-elementwise": "yes",
-                        "long/yarn-1x": "yes", "long/yarn-drop": "yes", "long/yarn-2x": "yes", "long/yarn-4x": "no"}
-    drop = next(d for d in judged if d["name"] == "long/yarn-drop")
-    assert drop["per_seed"][10] == {"value": pytest.approx(0.1 - 0.5),
-                                    "measured": {"g1-elementwise": pytest.approx(0.1), "baseline": pytest.approx(0.5)}}
+def _row(name, verdict, p, requires=()):
+    return {"name": name, "verdict": verdict, "p": p, "requires": list(requires)}
 
 
-def test_numbers_at_zero_and_diverged_runs():
-    """A G1 run whose F-Attn and M-Act collapsed to 0 gives a ratio of 0; a baseline at 0 an infinite one; 0 / 0 no
-    number (the seed is left out); a diverged (NaN) loss counts as infinitely bad."""
-    seeds = list(range(6))
-    main = [run("baseline", s, f_attn=0.0 if s == 5 else 0.5, m_act=0.0 if s < 2 else 100.0) for s in seeds]
-    main += [run("g1-elementwise", s, f_attn=0.0, m_act=0.0 if s < 1 else 10.0) for s in seeds]
-    main += [run("baseline", s, loss=math.nan, lr=0.04) for s in seeds]
-    main += [run("g1-elementwise", s, loss=3.0, lr=0.04) for s in seeds]
-    judged, _ = judge({"main": family(main, seeds)})
-    by_name = {d["name"]: d for d in judged}
-    removal = by_name["sink-removal/g1-elementwise"]
-    assert math.isnan(removal["per_seed"][5]["value"]) and removal["interval"]["n"] == 5  # 0 / 0 left out
-    act = by_name["m-act/g1-elementwise"]
-    assert math.isnan(act["per_seed"][0]["value"]) and act["per_seed"][1]["value"] == math.inf
-    assert by_name["stability/loss"]["per_seed"][0]["value"] == -math.inf
-    assert by_name["stability/loss"]["verdict"] == "yes"
+def test_the_corrected_verdicts_of_a_report():
+    """Over the tested rows only; a kept yes / no stays, one not kept is inconclusive, an inconclusive row stays so;
+    a row whose set-up row is not yes under a correction is not testable under it."""
+    rows = [_row("setup", "yes", 0.004), _row("a", "yes", 0.001, requires=("setup",)),
+            _row("b", "no", 0.03), _row("c", "inconclusive", 0.2), _row("d", "not testable here", 0.001, ("x",)),
+            _row("e", "yes", 0.002, requires=("b",))]
+    stats.adjust(rows)  # 5 tested: Holm 0.001 <= 0.01, 0.002 <= 0.0125, 0.004 <= 0.0167, 0.03 > 0.025 stops
+    assert {r["name"]: r["adjusted"] for r in rows} == {
+        "setup": {"holm": "yes", "fdr": "yes"}, "a": {"holm": "yes", "fdr": "yes"},
+        "b": {"holm": "inconclusive", "fdr": "no"},  # BH: 0.03 <= 4 * 0.05 / 5
+        "c": {"holm": "inconclusive", "fdr": "inconclusive"},
+        "d": {"holm": "not testable here", "fdr": "not testable here"},
+        "e": {"holm": "not testable here", "fdr": "not testable here"}}  # its set-up row "b" is no / inconclusive
+    weak_setup = [_row("setup", "yes", 0.04), _row("a", "yes", 0.001, requires=("setup",))]
+    stats.adjust(weak_setup)  # Holm: 0.001 <= 0.025, then 0.04 <= 0.05: both kept
+    assert [r["adjusted"]["holm"] for r in weak_setup] == ["yes", "yes"]
+    weak_setup = [_row("setup", "yes", 0.04), _row("a", "yes", 0.001, ("setup",)), _row("z", "no", 0.04)]
+    stats.adjust(weak_setup)  # Holm: 0.001 <= 0.0167, 0.04 > 0.025: the set-up row falls, and the row resting on it
+    assert [r["adjusted"]["holm"] for r in weak_setup] == ["inconclusive", "not testable here", "inconclusive"]
 
 
-def test_a_difference_row_reads_the_change_between_two_rates():
-    d = Direction("x", "x", "main", "held-out loss", "g1-elementwise", "below", lr=("high", "standard"))
-    runs = {("g1-elementwise", 0.04, 0): run("g1-elementwise", 0, loss=2.5, lr=0.04),
-            ("g1-elementwise", 0.01, 0): run("g1-elementwise", 0, loss=2.0),
-            ("baseline", 0.04, 0): run("baseline", 0, loss=3.0, lr=0.04), ("baseline", 0.01, 0): run("baseline", 0)}
-    rates = {"standard": 0.01, "high": 0.04}
-    result = evaluate(d, lambda v, rate, s: runs.get((v, rates[rate], s)), [0], [], {})
-    assert result["per_seed"][0] == {"value": pytest.approx(0.5 - 1.0),
-                                     "measured": {"g1-elementwise": 0.5, "baseline": 1.0}}
+# ----------------------------------------------------------------------------------- smallest detectable effect
+@pytest.mark.parametrize("n, needed", [(5, None), (6, 6), (8, 8), (9, 8), (10, 9), (12, 10), (20, 15), (30, 21)])
+def test_seeds_needed_match_the_interval(n, needed):
+    assert stats.seeds_needed(n) == needed
+    if needed is not None:  # the interval's rank k allows k - 1 seeds on the other side
+        assert n - needed == stats.interval_rank(n) - 1
+
+
+def test_the_smallest_detectable_effect_by_hand_and_by_simulation():
+    six = stats.detectable("sign", 6)
+    assert six["seeds"] == 6 and six["share"] == pytest.approx(0.8 ** (1 / 6), abs=1e-3)  # q**6 = 80%
+    assert stats.detectable("sign", 5) is None and stats.detectable("sign", 6, alpha=0.01) is None
+    failures = stats.detectable("mcnemar", 30)
+    assert failures["seeds"] == 6  # 2 / 2**6 <= 5% < 2 / 2**5
+    assert stats.detectable("mcnemar", 30, alpha=0.05 / 60)["seeds"] == 12  # 2 / 2**12 <= 0.00083 < 2 / 2**11
+    with pytest.raises(ValueError, match="'sign' or 'mcnemar'"):
+        stats.detectable("t", 10)
+    # at that effect, the tests say yes in 80% of simulated runs
+    rng = random.Random(5)
+    twenty = stats.detectable("sign", 20)
+    hits = sum(stats.verdict(stats.median_interval([1.0 if rng.random() < twenty["share"] else -1.0
+                                                    for _ in range(20)]), 0.0, "above") == "yes" for _ in range(4000))
+    assert hits / 4000 == pytest.approx(0.8, abs=0.025)
+    hits = sum(stats.mcnemar([(False, rng.random() < failures["share"]) for _ in range(30)])["verdict"] == "yes"
+               for _ in range(2000))
+    assert hits / 2000 == pytest.approx(0.8, abs=0.03)

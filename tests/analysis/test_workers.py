@@ -37,7 +37,7 @@ class Run:
         self.out = tmp_path / out
         self.process = subprocess.Popen(
             [sys.executable, "-m", "gated_qwen.cli", "reproduce", "--preset", "smoke", "--steps", str(steps), "--jobs",
-             str(jobs), "--out", str(self.out), *(["--no-mact-model", "--no-long-context-model"] if main_models_only
+             str(jobs), "--out", str(self.out), *(["--families", "main"] if main_models_only
                                                   else [])], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             start_new_session=True, env={name: str(value) for name, value in env.items()})
         self.err = b""
@@ -226,7 +226,7 @@ def test_the_scratch_of_a_killed_run_is_removed_wherever_it_was_made_and_a_live_
 
 
 def waits_on_a_lock(lock) -> None:  # a spawned worker whose main thread then waits in C, as on the pool's task queue
-    from gated_qwen.analysis.workers import worker_started
+    from gated_qwen.analysis.miniature.workers import worker_started
 
     worker_started(os.getppid())
     lock.acquire()

@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 import math
 
-from .commands import run_analyze, run_eval_ppl, run_reproduce
+from .commands import run_analyze, run_eval_ppl
+from .miniature.command import run_reproduce
 
 
 def _positive_int(text: str) -> int:
@@ -48,6 +49,13 @@ def _yarn_factor(text: str) -> float:
     if not value > 1 or not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"YaRN factor must be > 1 (the context extension ratio), got {text}")
     return value
+
+
+def _names(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"give a comma-separated list of names, got {text!r}")
+    return list(dict.fromkeys(names))
 
 
 def _quant_schemes(text: str) -> list[str]:
@@ -101,9 +109,9 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "reproduce", help="train tiny baseline/gated models on built-in data, analyse them, write report.md (the demo)")
     parser.add_argument("--preset", default="default",
-                        help="smoke: seconds; default: the demo, the one-layer models on 6 fresh seeds; confirm: "
-                        "every direction on 10 fresh seeds, with the M-Act and long-context models (make confirm); "
-                        "large: a GPU (docs/analysis.md)")
+                        help="smoke: seconds; default: the demo, the one-layer models on 12 seeds; confirm: every "
+                        "family on fresh seeds the demo never reports (make confirm); large: a GPU "
+                        "(docs/analysis.md)")
     parser.add_argument("--variants", help="comma-separated subset of the variants (default: all; the report lists "
                                            "them, e.g. baseline,g1-elementwise)")
     parser.add_argument("--steps", type=_positive_int, help="training steps per run")
@@ -117,17 +125,16 @@ def register(subparsers) -> None:
                         "are never evidence)")
     parser.add_argument("--corpus",
                         help="bigram-backcopy (default): sinks throughout the sequence; repeats: spans copied from "
-                        "far back (the corpus of earlier demos)")
+                        "far back (the corpus of earlier demos); recall: key -> value recall; trigram: a second-order "
+                        "chain with a known entropy (table 1's models)")
     parser.add_argument("--qk-norm", action="store_true", default=None,
                         help="RMSNorm on queries and keys, as in Qwen3 and the paper (off in the demo: see README)")
     parser.add_argument("--no-clip", action="store_true", help="no gradient clipping (default: clip at norm 1)")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast")
-    parser.add_argument("--no-mact-model", action="store_true",
-                        help="skip the preset's deeper M-Act model (trained, as baseline and g1-elementwise, for the "
-                        "massive-activation check; the options above change only the main models)")
-    parser.add_argument("--no-long-context-model", action="store_true",
-                        help="skip the preset's long-context model (baseline and g1-elementwise on key -> value "
-                        "recall, evaluated at 1, 2 and 4 times its training length with and without YaRN)")
+    parser.add_argument("--families", type=_names, metavar="NAMES",
+                        help="comma-separated families of the preset to train, main among them (default: all of "
+                        "them; confirm: main, qk-norm, deep, mact, table1, stability; the options above change only "
+                        "the main models)")
     parser.add_argument("--jobs", type=_positive_int, help="runs trained at once (default: one per CPU core on CPU)")
     parser.add_argument("--out", default="runs/reproduce", metavar="DIR", help="output folder (default runs/reproduce)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing non-empty --out")

@@ -23,7 +23,7 @@ class Inputs:
     def __init__(self, model_path: str, vocab_size: int, text: str | None, tokens: str | None):
         import torch
 
-        from .data import CORPORA
+        from .miniature.corpora import CORPORA
 
         self.vocab_size = vocab_size
         self.stream = self.rows = None
@@ -81,7 +81,7 @@ class Inputs:
         """`[n, length]` with n <= `count` windows (fewer only when a text is too short for `count`)."""
         import torch
 
-        from .data import HELDOUT_SEED
+        from .miniature.corpora import HELDOUT_SEED
 
         if self.stream is not None:
             body = length - (self.bos is not None)

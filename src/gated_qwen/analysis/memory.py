@@ -110,7 +110,7 @@ def check_windows_fit(args, length: int) -> None:
 
 
 def training_bytes(preset) -> int:
-    """About the peak memory of one `reproduce` run of `preset` (a `reproduce.Preset`), from its sizes alone (no
+    """About the peak memory of one `reproduce` run of `preset` (a `miniature.presets.Preset`), from its sizes alone (no
     config is built: `--layers 10**9` would make a list of 10**9 layer types): the float32 weights, their gradients
     and Adam's two moments (16 bytes a parameter; the gate counted as the largest, elementwise, one), the training
     and held-out documents, and the largest forward the run makes: a training step (kept for the backward, about 3
@@ -125,8 +125,8 @@ def training_bytes(preset) -> int:
     per_layer = hidden * (3 * heads + 2 * kv_heads) * head_dim + 3 * hidden * preset.intermediate_size + 4 * hidden
     parameters = preset.num_hidden_layers * per_layer + 2 * preset.language.vocab_size * hidden
     longest = preset.seq_len * max(preset.extrapolation)
-    short_len, short_steps = preset.short_stage or (0, 0)  # each stage's documents are drawn when it starts
-    documents = 8 * (max(preset.steps * preset.seq_len, short_steps * short_len) * preset.batch_size
+    stages = (*preset.short_stages, (preset.seq_len, preset.steps))  # each stage's documents are drawn when it starts
+    documents = 8 * (max(steps * length for length, steps in stages) * preset.batch_size
                      + max(preset.eval_documents, preset.extrapolation_documents) * longest)
     forward = max(3 * forward_bytes(shape, preset.batch_size, preset.seq_len, 4, logits=True),
                   forward_bytes(shape, preset.analysis_documents, preset.seq_len, 4, gate_logits=True, map_tokens=32),

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .measure import _decoder, mean_nll
+from .measure import _decoder
+from .perplexity import mean_nll
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """Writes what `analyze` found: `report.json`, `report.md` and PNG plots, into a folder (the command's staging folder
-from `gated_qwen.files`, which appears whole or not at all); and the markdown helpers `reproduce_report` shares."""
+from `gated_qwen.files`, which appears whole or not at all); and the markdown helpers the reproduce report
+(`miniature.report`) shares."""
 
 from __future__ import annotations
 

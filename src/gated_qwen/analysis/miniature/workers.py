@@ -51,7 +51,7 @@ class _WhileParentLives:
 
 def worker_started(parent: int) -> None:
     """The pool's initializer: see the module docstring (`parent`: the parent's process id)."""
-    from ..import_noise import quiet_import_noise
+    from ...import_noise import quiet_import_noise
 
     quiet_import_noise()
     sys.stderr = _WhileParentLives(sys.stderr, parent)
@@ -102,7 +102,7 @@ def run_in_workers(task: Callable, items: Iterable, jobs: int) -> Iterator:
                 yield future.result()
         except BrokenProcessPool:
             _stop(executor, now=True)
-            from ..files import clean_stale_scratch
+            from ...files import clean_stale_scratch
 
             clean_stale_scratch()  # the lost worker's, whose lock ended with it
             raise WorkerLost(_how_it_was_lost(workers.values(), jobs)) from None

@@ -266,5 +266,53 @@ class KeyValueRecall:
         return ids
 
 
+@dataclass(frozen=True)
+class TrigramLanguage:
+    """A random second-order Markov chain over `vocab_size` ids (0 is BOS): after BOS and a uniformly drawn first
+    token, each token is one of the `successors` tokens that may follow the two before it (a fixed random table over
+    every pair, never BOS), uniformly. `seed` fixes the table; `sample` draws documents with its own seed.
+
+    Its entropy is known exactly (`entropy_floor`): log(vocab_size - 1) for the first token, log(successors) for every
+    later one. A model that has learned the table reaches that floor; a tiny model cannot hold a table of
+    `vocab_size`² contexts in a short training, so its held-out loss stays above the floor, and how far above is
+    what a better architecture can win (table 1's perplexity ranking, in miniature). Predicting a token needs the one
+    two back, which only attention brings."""
+
+    vocab_size: int = 64
+    successors: int = 4
+    seed: int = 0
+
+    def __post_init__(self):
+        if not 1 <= self.successors < self.vocab_size:
+            raise ValueError(f"`successors` must be in [1, vocab_size - 1 = {self.vocab_size - 1}], "
+                             f"got {self.successors}.")
+
+    def successor_table(self) -> torch.Tensor:
+        """`[vocab_size, vocab_size, successors]`: the tokens that may follow each pair (distinct, never BOS)."""
+        g = torch.Generator().manual_seed(self.seed)
+        v = self.vocab_size
+        return 1 + torch.rand(v, v, v - 1, generator=g).argsort(-1)[..., : self.successors]
+
+    def entropy_floor(self, length: int) -> float:
+        """The corpus's mean next-token entropy (nats) over positions 1..length-1 of a document: the least held-out
+        loss any model can reach."""
+        import math
+
+        return (math.log(self.vocab_size - 1) + (length - 2) * math.log(self.successors)) / (length - 1)
+
+    def sample(self, num_documents: int, length: int, seed: int = 0) -> torch.Tensor:
+        """-> `[num_documents, length]` int64 documents; column 0 is BOS."""
+        if num_documents < 1 or length < 2:
+            raise ValueError(f"Need at least 1 document of at least 2 tokens, got {num_documents} x {length}.")
+        table = self.successor_table()
+        g = torch.Generator().manual_seed(seed)
+        ids = torch.zeros(num_documents, length, dtype=torch.long)
+        ids[:, 1] = 1 + torch.randint(self.vocab_size - 1, (num_documents,), generator=g)
+        for i in range(2, length):
+            pick = torch.randint(self.successors, (num_documents,), generator=g)
+            ids[:, i] = table[ids[:, i - 2], ids[:, i - 1], pick]
+        return ids
+
+
 CORPORA = {"bigram-backcopy": BigramBackcopy, "repeats": SyntheticLanguage,  # `reproduce --corpus NAME`
-           "recall": KeyValueRecall}
+           "recall": KeyValueRecall, "trigram": TrigramLanguage}

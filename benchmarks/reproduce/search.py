@@ -1,0 +1,183 @@
+"""The set-up searches of issue 36, on tuning seeds only (2-9; never evidence): the candidates of each new model
+family, in the order declared here, with the rule that picks one, both written before any of them ran. Each run's
+set-up numbers go to one JSON line (`--out`, appended; runs already there are skipped, so a search resumes), and a
+table per family is printed. benchmarks/RESULTS.md reports what each search found.
+
+    nice -n 19 .venv/bin/python benchmarks/reproduce/search.py FAMILY [FAMILY ...] --out runs/search.jsonl --jobs 2
+    ... --candidates D1,M1      # only these candidates (their names' first word), e.g. the next one a rule needs
+    ... --variants baseline --seeds 2   # a rule's first check alone (a candidate that fails it needs no more runs)
+    .venv/bin/python benchmarks/reproduce/search.py --table runs/search.jsonl   # the tables again, no training
+
+Families and their rules:
+- table1: the loss ranking's corpus and model. Rule: the first candidate whose baseline's held-out loss lies at
+  least 0.1 nats above the corpus's exact entropy floor on every tuning seed (not saturated) with no run diverged.
+- deep-sink: the sink in a deeper model (2-4 layers, 4 heads, 64-128 tokens). Rule: the first candidate (cheapest
+  first) whose baseline has a head with F-Attn above 0.5 (largest over layers and heads) on every tuning seed.
+- mact: the M-Act model (6 layers). Rule: the first candidate whose baseline's largest activation in the non-final
+  layers sits at the first token and is at least twice the largest at any other position, on every tuning seed.
+- stability: failure rates at the high rate (4e-2) and twice it (one-layer main models, seeds 2-9). Rule for the
+  optional second row: 8e-2 if it fails the baseline more often than 4e-2 does (held-out loss above its
+  standard-rate loss on the same seed plus 0.1 nats); none otherwise.
+- long: a long-context baseline that recalls at its training length (256 tokens). Rule: the first candidate whose
+  baseline's recall at the training length is above 0.9 on seed 2, then kept if baseline and G1 both are on seed 3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import replace
+from multiprocessing import get_context
+from pathlib import Path
+
+from gated_qwen.analysis.miniature import corpora as data
+from gated_qwen.analysis.miniature import presets, runs
+
+MAIN = presets.MAIN
+# The long-context model of issue 30 (one layer, heads of 128, RoPE base 10k, 3000 steps at 32 tokens then 1000 at 256,
+# one fact per 128 tokens), from which the long-context candidates start.
+LONG_CONTEXT_MODEL = replace(MAIN, head_dim=128, seq_len=256, steps=1000, short_stages=((32, 3000),),
+                             extrapolation=(1, 2, 4), extrapolation_documents=64,
+                             language=data.KeyValueRecall(keys=8, values=8, tokens_per_fact=128))
+EXTRA = dict(extrapolation=(1,), extrapolation_documents=8)  # set-up numbers only: nothing beyond the training length
+
+
+def _table1():
+    model = dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, seq_len=32,
+                 steps=1000, **EXTRA)
+    variants = ("baseline", "g1-elementwise", "g1-headwise", "g2-value", "g5-dense")
+    return [(name, replace(MAIN, **model, **extra), variants, (1e-2,), (2, 3)) for name, extra in (
+        ("T1 trigram V64 S4, 2 layers, 32 tokens, 1000 steps", dict(language=data.TrigramLanguage(64, 4))),
+        ("T2 trigram V64 S4, QK-norm", dict(language=data.TrigramLanguage(64, 4), use_qk_norm=True)),
+        ("T3 trigram V128 S4", dict(language=data.TrigramLanguage(128, 4))),
+    )]
+
+
+def _deep_sink():
+    model = dict(num_attention_heads=4, num_key_value_heads=4, head_dim=16, **EXTRA)
+    return [(f"D{i + 1} {layers} layers, {length} tokens", replace(MAIN, **model, num_hidden_layers=layers,
+                                                                   seq_len=length), ("baseline", "g1-elementwise"),
+             (1e-2,), (2, 3)) for i, (layers, length) in enumerate(((2, 64), (2, 128), (4, 64), (4, 128)))]
+
+
+def _mact():
+    model = dict(num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2, head_dim=16, use_qk_norm=True,
+                 seq_len=64, steps=1200, **EXTRA)
+    return [(name, replace(MAIN, **model, language=language), ("baseline", "g1-elementwise"), (1e-2,), (2, 3))
+            for name, language in (("M1 6 layers, repeats 0.2", data.SyntheticLanguage(repeat_rate=0.2)),
+                                   ("M2 6 layers, bigram-backcopy", data.BigramBackcopy()),
+                                   ("M3 6 layers, trigram V64 S4", data.TrigramLanguage(64, 4)))]
+
+
+def _stability():
+    seeds = tuple(range(2, 10))
+    main = replace(MAIN, **EXTRA)
+    return [("S1 one layer, clip 1 (the main models)", main, ("baseline", "g1-elementwise"), (1e-2, 4e-2, 8e-2),
+             seeds)]
+
+
+def _long():
+    curriculum = ((32, 1500), (64, 1000), (128, 1000))
+    base = replace(LONG_CONTEXT_MODEL, extrapolation=(1,), extrapolation_documents=64)
+    many = data.KeyValueRecall(keys=32, values=8, tokens_per_fact=32)  # 8 facts at 256 tokens, 32 at 1024
+    return [(name, replace(base, **extra), ("baseline",), (1e-2,), (2,)) for name, extra in (
+        ("L1 2 layers, curriculum 32-64-128-256, 8 facts", dict(num_hidden_layers=2, short_stages=curriculum,
+                                                               language=many)),
+        ("L2 2 layers, curriculum, 2 facts (fewer distractors)", dict(num_hidden_layers=2, short_stages=curriculum)),
+        ("L3 1 layer, curriculum, 8 facts", dict(short_stages=curriculum, language=many)),
+        ("L4 2 layers, 2 heads of 64, curriculum, 8 facts", dict(num_hidden_layers=2, num_attention_heads=2,
+                                                                num_key_value_heads=2, head_dim=64,
+                                                                short_stages=curriculum, language=many)),
+    )]
+
+
+FAMILIES = {"table1": _table1, "deep-sink": _deep_sink, "mact": _mact, "stability": _stability, "long": _long}
+
+
+def summary(family: str, candidate: str, result: dict, preset) -> dict:
+    """The set-up numbers of one run."""
+    layers, s = result["analysis"]["layers"], result["analysis"]["summary"]
+    floor = getattr(preset.language, "entropy_floor", None)
+    recall = result["extrapolation"][0].get("recall")
+    return {
+        "family": family, "candidate": candidate, "variant": result["variant"], "lr": result["learning_rate"],
+        "seed": result["seed"], "heldout_loss": result["heldout_loss"],
+        "floor": floor(preset.seq_len) if floor else None, "final_train_loss": result["final_train_loss"],
+        "f_attn": s["first_token_attention"],
+        "f_attn_max_head": max(max(e["first_token_attention_per_head"]) for e in layers),
+        "m_act": s["max_activation"], "m_act_first_nonfinal": s.get("first_token_max_activation_nonfinal"),
+        "m_act_other_nonfinal": s.get("other_max_activation_nonfinal"), "gate_mean": s["gate_mean"],
+        "recall": recall and recall["accuracy"], "seconds": result["seconds"]["train"] + result["seconds"]["measure"],
+    }
+
+
+def _run(job: tuple) -> dict:
+    family, candidate, preset, variant, lr, seed = job
+    started = time.process_time()
+    result, _ = runs.train_and_measure(preset, variant, lr, seed, threads=1)
+    return {**summary(family, candidate, result, preset), "cpu_seconds": time.process_time() - started}
+
+
+def _key(row: dict) -> tuple:
+    return row["candidate"], row["variant"], row["lr"], row["seed"]
+
+
+def run(families: list[str], out: Path, jobs: int, candidates: list[str] | None = None,
+        variants: list[str] | None = None, seeds: list[int] | None = None) -> None:
+    done = {_key(json.loads(line)) for line in out.read_text().splitlines()} if out.exists() else set()
+    todo = [(family, name, preset, v, lr, seed) for family in families for name, preset, chosen, rates, tuning
+            in FAMILIES[family]() for seed in tuning for lr in rates for v in chosen
+            if (name, v, lr, seed) not in done and (candidates is None or name.split()[0] in candidates)
+            and (variants is None or v in variants) and (seeds is None or seed in seeds)]
+    print(f"{len(todo)} runs ({len(done)} already in {out})", flush=True)
+    with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
+        for future in as_completed([pool.submit(_run, job) for job in todo]):
+            row = future.result()
+            with out.open("a") as handle:
+                handle.write(json.dumps(row) + "\n")
+            print(json.dumps(row), flush=True)
+
+
+def _fmt(x) -> str:
+    return "–" if x is None else f"{x:.3g}" if isinstance(x, float) and math.isfinite(x) else str(x)
+
+
+def table(out: Path) -> str:
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    keys = ("candidate", "variant", "lr", "seed", "heldout_loss", "floor", "f_attn", "f_attn_max_head", "m_act",
+            "m_act_first_nonfinal", "m_act_other_nonfinal", "gate_mean", "recall", "seconds", "cpu_seconds")
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    for row in sorted(rows, key=lambda r: (r["family"], r["candidate"], r["lr"], r["variant"], r["seed"])):
+        lines.append("| " + " | ".join(_fmt(row.get(k)) for k in keys) + " |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("families", nargs="*", help=", ".join(FAMILIES))
+    parser.add_argument("--out", type=Path, default=Path("runs/search.jsonl"))
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--table", type=Path, help="print the tables of this file and exit")
+    parser.add_argument("--candidates", type=lambda text: text.split(","), help="only these candidates (e.g. D1,M1)")
+    parser.add_argument("--variants", type=lambda text: text.split(","), help="only these variants (a rule's first "
+                        "check: the baseline)")
+    parser.add_argument("--seeds", type=int, nargs="+", help="only these of the candidates' tuning seeds")
+    args = parser.parse_args()
+    unknown = [f for f in args.families if f not in FAMILIES]
+    if unknown:
+        parser.error(f"unknown families {unknown}; choose from {list(FAMILIES)}")
+    if args.table:
+        print(table(args.table))
+        return 0
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    run(args.families, args.out, args.jobs, args.candidates, args.variants, args.seeds)
+    print(table(args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
