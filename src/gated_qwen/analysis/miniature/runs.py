@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from ...model.gating import gate_parameters_per_layer, gated_layers
 from ...files import scratch_folder
+from ...model.gating import gate_parameters_per_layer, gated_layers
 from ..measure import analyze, first_token_attention_per_query
 from ..perplexity import mean_nll, perplexity_by_length, yarn_bands
 from ..plots import moving_average
