@@ -20,10 +20,11 @@ pytestmark = pytest.mark.slow  # three processes import the model stack, then tr
 
 class Run:
     """`gated-qwen reproduce --preset smoke --jobs 2` (or `jobs`) in a session of its own, its stderr collected as it
-    comes; runs of 20,000 steps, so that a worker left alone trains for minutes (at 400 steps a run took 2 to 5 s, and a
-    test could catch both workers' scratch folders during the last runs and signal a command that had just ended)."""
+    comes; runs of 400 steps, so that a worker left alone would go on training for seconds (the tests that signal a run
+    train the main models only: with the other families' 6-step runs at the end, a test once caught both workers'
+    scratch folders during the last runs and signalled a command that had just ended)."""
 
-    def __init__(self, tmp_path: Path, jobs: int = 2, out: str = "out", steps: int = 20_000, main_models_only=False,
+    def __init__(self, tmp_path: Path, jobs: int = 2, out: str = "out", steps: int = 400, main_models_only=False,
                  scratch: str | None = "scratch"):
         # The workers' temporary folders (the Trainer's) go to TMPDIR=tmp_path/scratch, or with scratch=None to the
         # default TMPDIR, where other processes' lie too.
@@ -123,7 +124,7 @@ def end(run: Run) -> None:
 
 @pytest.fixture
 def run(tmp_path):
-    """A `Run` of the main models (every run minutes long), ended at the end."""
+    """A `Run` of the main models, ended at the end."""
     run = Run(tmp_path, main_models_only=True)
     yield run
     end(run)
@@ -211,7 +212,7 @@ def test_the_scratch_of_a_killed_run_is_removed_wherever_it_was_made_and_a_live_
     assert not left.exists() and not left.is_symlink()
 
     left = killed_mid_training(Run(tmp_path, jobs=1, out="second", main_models_only=True))
-    live = Run(tmp_path, jobs=1, out="third", main_models_only=True, scratch=None)  # minutes long
+    live = Run(tmp_path, jobs=1, out="third", steps=20_000, main_models_only=True, scratch=None)  # minutes long
     try:
         deadline = time.monotonic() + 400
         while left.exists() or not live.trainer_scratch():  # the next run removes it, then trains
