@@ -20,11 +20,11 @@ pytestmark = pytest.mark.slow  # three processes import the model stack, then tr
 
 class Run:
     """`gated-qwen reproduce --preset smoke --jobs 2` (or `jobs`) in a session of its own, its stderr collected as it
-    comes; runs of 400 steps, so that a worker left alone would go on training for seconds (the tests that signal a run
+    comes; runs of 4,000 steps, so that a worker left alone goes on training for many seconds (the tests that signal a run
     train the main models only: with the other families' 6-step runs at the end, a test once caught both workers'
     scratch folders during the last runs and signalled a command that had just ended)."""
 
-    def __init__(self, tmp_path: Path, jobs: int = 2, out: str = "out", steps: int = 400, main_models_only=False,
+    def __init__(self, tmp_path: Path, jobs: int = 2, out: str = "out", steps: int = 4_000, main_models_only=False,
                  scratch: str | None = "scratch"):
         # The workers' temporary folders (the Trainer's) go to TMPDIR=tmp_path/scratch, or with scratch=None to the
         # default TMPDIR, where other processes' lie too.
