@@ -3,7 +3,7 @@ the source release requirements/llama.lock names, and that release's own convert
 
 llama.cpp runs in a process of its own per GGUF (`run_gguf.py`): an abort inside it (`GGML_ASSERT`) ends that
 process and is reported, not the session. `make test` never collects this folder (`norecursedirs` in
-pyproject.toml); every test here carries the `llama` marker.
+pyproject.toml); every test here carries the `llama` marker (tests/conftest.py).
 """
 
 import json
@@ -11,8 +11,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -22,11 +20,6 @@ sys.path.insert(0, str(REPO / "tests"))  # test_docs's tiny tokenizer
 os.environ["GGML_NO_BACKTRACE"] = "1"
 CONVERTER = Path(os.environ.get("LLAMA_CPP_CONVERTER", REPO / ".venv-llama" / "llama.cpp" / "convert_hf_to_gguf.py"))
 
-
-def pytest_collection_modifyitems(items):
-    for item in items:
-        if HERE in Path(item.fspath).parents:
-            item.add_marker(pytest.mark.llama)
 
 
 def run_gguf(*args: str) -> subprocess.CompletedProcess:

@@ -3,22 +3,13 @@ requirements/onnx.lock), and the greedy decoding loop that feeds a decoder graph
 `ORTModelForCausalLM` and Transformers.js do (the same inputs and outputs, step by step).
 
 `make test` never collects this folder (`norecursedirs` in pyproject.toml); every test here carries the `onnx`
-marker.
+marker (tests/conftest.py).
 """
 
 import json
 from pathlib import Path
 
 import numpy as np
-import pytest
-
-HERE = Path(__file__).resolve().parent
-
-
-def pytest_collection_modifyitems(items):
-    for item in items:
-        if HERE in Path(item.fspath).parents:
-            item.add_marker(pytest.mark.onnx)
 
 
 def ort_greedy(folder: Path, prompt: list[int], new_tokens: int, file: str = "model.onnx") -> dict:

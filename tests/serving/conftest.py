@@ -6,7 +6,7 @@ temporary folder; the tests here serve them with vLLM and compare. vLLM runs in 
 (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) with a 1 GB KV cache, in float32, eager, without a tokenizer (token-id prompts).
 
 `make test` never collects this folder (`norecursedirs` in pyproject.toml); every test here carries the `serving`
-marker.
+marker (tests/conftest.py).
 """
 
 import json
@@ -23,11 +23,6 @@ os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "auto")
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 
-
-def pytest_collection_modifyitems(items):
-    for item in items:
-        if HERE in Path(item.fspath).parents:
-            item.add_marker(pytest.mark.serving)
 
 
 @pytest.fixture(scope="session")
