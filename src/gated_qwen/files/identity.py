@@ -271,7 +271,10 @@ def check_output(
             _what_it_would_replace(target, known, mounts, shown)
     parent = target.parent
     if not parent.is_dir():
-        if not create_parents or (parent.exists() and not parent.is_dir()):
+        if parent.exists():
+            raise OutputError(f"{str(parent)!r}, which would hold {shown}, is a file, not a folder; choose another "
+                              "path.")
+        if not create_parents:
             raise OutputError(f"The folder {str(parent)!r} that would hold {shown} does not exist; create it first.")
         parent = nearest_existing(parent)
         if not parent.is_dir():
