@@ -359,6 +359,15 @@ BAD_FILES = {  # case -> (how MODEL is damaged, the command's arguments after MO
                                   "MODEL '{m}': model.safetensors is not a readable safetensors file"),
     "a header whose offsets lie": (lambda m: damaged_header(m, "offsets"), ["eval-ppl", "MODEL", "--lengths", "8"],
                                    "MODEL '{m}': model.safetensors is not a readable safetensors file"),
+    **{f"model.safetensors linking to itself: {command}": (
+        lambda m: ((m / "model.safetensors").unlink(), (m / "model.safetensors").symlink_to("model.safetensors")),
+        args, "MODEL '{m}': model.safetensors is a link loop") for command, args in (
+            ("analyze", ["analyze", "MODEL", "--length", "8", "--out", "OUT"]),
+            ("eval-ppl", ["eval-ppl", "MODEL", "--lengths", "8"]))},
+    "config.json and tokenizer.json linking to each other": (
+        lambda m: ((m / "config.json").unlink(), (m / "config.json").symlink_to("tokenizer.json"),
+                   (m / "tokenizer.json").symlink_to("config.json")),
+        ["eval-ppl", "MODEL", "--lengths", "8"], "MODEL '{m}': config.json is a link loop"),
     "tokenizer.json a list": (lambda m: (m / "tokenizer.json").write_text("[1, 2]"),
                               ["eval-ppl", "MODEL", "--lengths", "8", "--text", "TEXT"],
                               "--text needs a tokenizer in MODEL '{m}', and none loads ("),

@@ -560,3 +560,36 @@ def test_a_missing_q_proj_that_holds_the_gate_is_named_as_such(tmp_path, capsys)
         with pytest.raises(ValueError) as refusal:
             GatedQwenForCausalLM.from_pretrained(tmp_path / folder)
         assert said in str(refusal.value)
+
+
+LOOP = "is a link loop: following its links leads back to a link already followed"
+
+
+@pytest.mark.parametrize("direction", [["--from", "qwen3"], *(["--to", to] for to in ("mlx", "qwen3_5", "onnx",
+                                                                                         "release", "gguf"))],
+                         ids=" ".join)
+def test_a_link_loop_is_refused_by_name_in_every_direction(qwen3_sources, gated_source, tmp_path, capsys, direction):
+    """`model.safetensors -> model.safetensors`, a config.json and a tokenizer.json that link to each other, SRC a
+    link to itself, DST one: each refused in one line naming the path, status 2, nothing written (Python 3.11's
+    `Path.resolve` raises a bare RuntimeError on a loop)."""
+    src = tmp_path / "src"
+    shutil.copytree(qwen3_sources[False][0] if direction[0] == "--from" else gated_source, src)
+    dst = tmp_path / "dst"
+    argv = ["convert", str(src), str(dst), *direction, "--no-verify"]
+    for name in [p.name for p in src.glob("model*.safetensors*")]:
+        (src / name).unlink()
+    (src / "model.safetensors").symlink_to("model.safetensors")
+    cli_refuses(capsys, argv, f"SRC's 'model.safetensors' {LOOP}", dst)
+
+    (src / "model.safetensors").unlink()
+    (src / "config.json").unlink()
+    (src / "config.json").symlink_to("tokenizer.json")
+    (src / "tokenizer.json").symlink_to("config.json")
+    cli_refuses(capsys, argv, f"SRC's 'config.json' {LOOP}", dst)
+
+    (tmp_path / "self").symlink_to("self")
+    cli_refuses(capsys, ["convert", str(tmp_path / "self"), str(dst), *direction], f"SRC {str(tmp_path / 'self')!r} "
+                f"{LOOP}", dst)
+    cli_refuses(capsys, ["convert", str(gated_source), str(tmp_path / "self"), *direction],
+                f"DST {str(tmp_path / 'self')!r} {LOOP}", None)
+    assert os.readlink(tmp_path / "self") == "self"

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..files import CONFIG_VALUE_ERRORS, check_safetensors_files, config_from_dict, read_json_object
+from ..files.identity import resolved
 from .memory import check_model_fits
 
 if TYPE_CHECKING:
@@ -113,6 +114,8 @@ def load_model(path: str, dtype: str, device: str):
     from ..conversion.loading import gated_config_dict
     from ..model.configuration_gated import GATED_MODEL_TYPES
 
+    resolved(Path(path), f"MODEL {path!r}", ValueError)
+    resolved(Path(path) / "config.json", f"MODEL {path!r}: config.json", ValueError)
     if not (Path(path) / "config.json").is_file():
         raise ValueError(f"MODEL {path!r} is not a model folder (no config.json); pass a folder written by "
                          "save_pretrained.")

@@ -37,6 +37,7 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from ..files import read_json_object, write_json
+from ..files.identity import resolved as resolved_path
 from ..files.reading import safetensors_header
 from .errors import ConversionError
 
@@ -109,7 +110,7 @@ def source_file(src: Path, name: str, what: str) -> SourceFile:
     """`src / name`, opened, when it is one of SRC's files (a regular file inside SRC, links inside SRC followed);
     otherwise a `ConversionError` that names it (`what`: how the command came to read it) and says why."""
     path = src / name
-    resolved = path.resolve()
+    resolved = resolved_path(path, f"{what} {name!r}", ConversionError)
     roots = _source_roots(src)
 
     def outside(where: Path) -> ConversionError:
@@ -179,6 +180,7 @@ class Checkpoint:
 
     def __init__(self, folder: str | os.PathLike, allow_pickle: bool = False):
         self.folder = Path(folder)
+        resolved_path(self.folder, f"SRC {str(self.folder)!r}", ConversionError)
         if not self.folder.is_dir():
             raise ConversionError(f"SRC {str(self.folder)!r} is not a folder; give the folder that holds config.json.")
         config_path = self.folder / "config.json"

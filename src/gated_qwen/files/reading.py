@@ -123,13 +123,17 @@ def check_safetensors_files(folder: Path, what: str, error: type[Exception] = Va
     headers are read, not mapped (`safetensors_header`)."""
     import os
 
+    from .identity import resolved
+
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         weight_map = read_json_object(index, f"{what}'s model.safetensors.index.json", error).get("weight_map")
         names = sorted({v for v in weight_map.values() if isinstance(v, str)}) if isinstance(weight_map, dict) else []
     else:
-        names = ["model.safetensors"] if (folder / "model.safetensors").exists() else []
+        single = folder / "model.safetensors"
+        names = ["model.safetensors"] if single.exists() or single.is_symlink() else []
     for name in names:
+        resolved(folder / name, f"{what}: {name}", error)
         if not (folder / name).is_file():
             continue  # Transformers names what is missing
         try:
