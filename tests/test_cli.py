@@ -476,3 +476,23 @@ def test_weights_larger_than_memory_are_refused_naming_the_largest_tensor(model6
     assert "unexpected" not in lines[0] and "model.embed_tokens.weight [200000000, 32]" in lines[0], lines[0]
     assert "GiB available (the RLIMIT_AS of this process)" in lines[0], lines[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_a_model_and_outputs_whose_names_are_not_utf8_are_read_and_written(model64, tmp_path):
+    """MODEL, `--out` named `...\\xfe` (names the safetensors and tokenizers libraries cannot open, Rust strings):
+    analyze and eval-ppl read and write them as they do UTF-8 names, the same numbers."""
+    odd = tmp_path / os.fsdecode(b"model\xfe")
+    try:
+        os.rename(model64, odd)
+    except (OSError, UnicodeEncodeError):
+        pytest.skip("this file system takes only UTF-8 names")
+    out = tmp_path / os.fsdecode(b"rows\xfe.json")
+    assert main(["eval-ppl", str(odd), "--lengths", "8", "--sequences", "2", "--out", str(out)]) == 0
+    assert main(["analyze", str(odd), "--length", "8", "--sequences", "2", "--out",
+                 str(tmp_path / os.fsdecode(b"analysis\xfe"))]) == 0
+    assert (tmp_path / os.fsdecode(b"analysis\xfe") / "report.json").is_file()
+    os.rename(odd, tmp_path / "plain")
+    assert main(["eval-ppl", str(tmp_path / "plain"), "--lengths", "8", "--sequences", "2", "--out",
+                 str(tmp_path / "plain.json")]) == 0
+    rows, plain = json.loads(out.read_text()), json.loads((tmp_path / "plain.json").read_text())
+    assert rows.pop("model") == str(odd) and plain.pop("model") == str(tmp_path / "plain") and rows == plain

@@ -593,3 +593,21 @@ def test_a_link_loop_is_refused_by_name_in_every_direction(qwen3_sources, gated_
     cli_refuses(capsys, ["convert", str(gated_source), str(tmp_path / "self"), *direction],
                 f"DST {str(tmp_path / 'self')!r} {LOOP}", None)
     assert os.readlink(tmp_path / "self") == "self"
+
+
+def test_a_source_or_destination_whose_name_is_not_utf8_is_converted_and_verified(qwen3_sources, tmp_path, capsys):
+    """`out\\xfe` (a name the file system takes but the safetensors library cannot open, a Rust string): verified and
+    written, as with a UTF-8 name; the same for SRC. The result computes the source's logits."""
+    src, expected = qwen3_sources[False]
+    dst = tmp_path / os.fsdecode(b"out\xfe")
+    try:
+        dst.mkdir()
+        dst.rmdir()
+    except (OSError, UnicodeEncodeError):
+        pytest.skip("this file system takes only UTF-8 names")
+    assert main(["convert", str(src), str(dst), "--from", "qwen3", "--verify"]) == 0
+    assert "verified: logits agree" in capsys.readouterr().err
+    assert main(["convert", str(dst), str(tmp_path / os.fsdecode(b"back\xfe")), "--to", "qwen3_5", "--verify"]) == 0
+    assert "verified: logits agree" in capsys.readouterr().err
+    os.rename(dst, tmp_path / "plain")  # Transformers' own from_pretrained opens only UTF-8 names
+    torch.testing.assert_close(logits(load(GatedQwenForCausalLM, tmp_path / "plain")), expected)

@@ -10,8 +10,11 @@ this module without the model stack.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 MAX_JSON_DEPTH = 64  # arrays and objects nested deeper than this are refused: no config or results file comes close
@@ -146,6 +149,28 @@ def check_safetensors_files(folder: Path, what: str, error: type[Exception] = Va
             raise error(str(problem)) from None
         finally:
             os.close(fd)
+
+
+@contextlib.contextmanager
+def utf8_named(path: str | os.PathLike) -> Iterator[str | os.PathLike]:
+    """`path`, or, where its name is not valid UTF-8 (a name the safetensors library cannot open: it takes Rust
+    strings), another name of the same folder or file that is: `/proc/self/fd/N` of it, opened for as long as the
+    block runs. Elsewhere than on Linux such a name is refused (`ValueError`, one line)."""
+    try:
+        os.fsencode(path).decode("utf-8")
+    except UnicodeDecodeError:
+        pass
+    else:
+        yield path
+        return
+    if not Path("/proc/self/fd").is_dir():
+        raise ValueError(f"{str(path)!r} is not a valid UTF-8 name, which the safetensors library cannot open; "
+                         "rename it.")
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        yield f"/proc/self/fd/{fd}"
+    finally:
+        os.close(fd)
 
 
 # What Transformers' config classes raise on a config.json value of the wrong type (besides their own ValueErrors):
