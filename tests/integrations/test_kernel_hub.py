@@ -131,6 +131,34 @@ def test_the_repository_replaces_only_a_folder_it_wrote(tmp_path, capsys):
     assert f"{str(tmp_path / 'a-file')!r}, which would hold OUT" in err and "is a file, not a folder" in err, err
 
 
+def test_the_hub_kernel_is_asked_for_at_the_commit_config_json_pins(hub, monkeypatch):
+    """What `kernels.get_kernel` is called with (recorded; it answers with the local build): the repository and the
+    commit that config.json names (`hub_kernel_revision`), never a branch or a version, that repository alone
+    trusted; and what it returns is the attention registered as the fused one. (`LOCAL_KERNELS`, which the test
+    without the package uses, ignores the revision asked for.)"""
+    from transformers.masking_utils import AttentionMaskInterface
+    from transformers.modeling_utils import AttentionInterface
+
+    from gated_qwen.model import modeling_gated
+
+    for interface in (AttentionInterface, AttentionMaskInterface):  # the registry as it was, after the test
+        mapping = interface._global_mapping
+        monkeypatch.setitem(mapping, modeling_gated.FUSED_ATTENTION, mapping.get(modeling_gated.FUSED_ATTENTION))
+    calls = []
+
+    def get_kernel(*args, **kwargs):
+        calls.append((args, kwargs))
+        return hub
+
+    monkeypatch.setattr(kernels, "get_kernel", get_kernel)
+    repo = "gated-qwen-test/pinned-kernel"
+    config = GatedQwenConfig(**SMALL, hub_kernel_repo=repo, hub_kernel_revision=COMMIT)
+    function = modeling_gated.hub_kernel_attention(config)
+    assert calls == [((repo,), {"revision": COMMIT, "trust_remote_code": [repo]})]
+    assert function is hub.gated_attention_forward
+    assert AttentionInterface._global_mapping[modeling_gated.FUSED_ATTENTION] is hub.gated_attention_forward
+
+
 def test_get_local_kernel_loads_its_own_module_with_its_own_ops(kernel_repo, hub):
     """The module is the repository's files (not the package's), named by the metadata id, and its custom ops live in
     a namespace of that name: the Hub copy runs its own code even beside the package."""
