@@ -18,6 +18,7 @@ timer of their own and add "cpu" to `MEASURED_DEVICE_TYPES`. Nothing from Transf
 """
 
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -177,6 +178,7 @@ def cache_file(device: str) -> Path:
     return cache_folder() / f"choices-{re.sub(r'[^A-Za-z0-9.]+', '-', _gpu_name(device)).strip('-')}.json"
 
 
+@functools.cache
 def kernel_version() -> str:
     """SHA-256 of the kernel's files (this folder's `*.py`, names and contents): any change measures again."""
     digest = hashlib.sha256()
