@@ -719,7 +719,8 @@ def markdown(results: dict) -> str:
     lines.append("\nSelf-check of the gated_triton backend on first use: " + "; ".join(
         f"{k}: {v}" for k, v in e2e["self_check"].items()) + ".")
     lines.append("\nChoices of the gated_triton backend in this run (fused kernel vs SDPA + gate, ms): " + "; ".join(
-        f"{k}: {v['ran']}, {v['kernel_ms']} vs {v['sdpa_ms']}" + (f" ({v['why']})" if v["why"] else "")
+        f"{k}: {v['ran']}, " + " vs ".join(fmt(ms) if ms is not None else "-" for ms in (v["kernel_ms"], v["sdpa_ms"]))
+        + (f" ({v['why']})" if v["why"] else "")
         for k, v in e2e["choices"].items()) + ".")
     lines.append(f"\nWall time {results['seconds']} s. Command: {results['command']}")
     return "\n".join(lines)
