@@ -23,7 +23,7 @@ def tmpdir_of_its_own(tmp_path, monkeypatch):
     return place
 
 
-def test_a_live_runs_scratch_is_left_alone_and_an_ended_runs_is_removed(tmpdir_of_its_own):
+def test_a_live_runs_scratch_is_left_alone_and_an_ended_runs_is_removed(tmpdir_of_its_own, capsys):
     place = tmpdir_of_its_own
     ended = place / "gated-qwen-trainer-ended"  # as a killed run leaves it: its record, the lock released
     ended.mkdir()
@@ -37,6 +37,9 @@ def test_a_live_runs_scratch_is_left_alone_and_an_ended_runs_is_removed(tmpdir_o
     (theirs / "notes.txt").write_text("mine")
 
     with scratch_folder("trainer") as live:  # the run that makes one cleans first: the ended one, the empty one
+        said = capsys.readouterr().err
+        assert f"removed the scratch folder {ended} (process 1 on {socket.gethostname()} has ended)" in said
+        assert f"removed the empty scratch folder {empty}" in said
         (live / "checkpoint").write_text("y")
         assert sorted(place.iterdir()) == sorted([live, theirs])
         assert clean_stale_scratch() == [f"left {live} alone: its run (process {os.getpid()} on "
