@@ -616,13 +616,15 @@ def test_a_source_or_destination_whose_name_is_not_utf8_is_converted_and_verifie
 @pytest.mark.parametrize("to", ["mlx", "onnx", "gguf", "qwen3_5", "release"])
 def test_every_export_refuses_an_output_into_over_or_around_its_input(gated_source, tmp_path, capsys, to):
     """docs/cli.md's first rule for the exports added since (`--to mlx`, `--to onnx`, a GGUF file) as for the others:
-    DST inside SRC, DST that is SRC through a link, and DST holding SRC (with --overwrite) are refused in one line
+    DST inside SRC, DST that is SRC through a link (for a one-file GGUF: a folder), and DST holding SRC (with
+    --overwrite) are refused in one line
     before anything is read or written (`--to onnx` before it asks for ONNX Runtime), SRC left as it was."""
     src = tmp_path / "holder" / "src"
     shutil.copytree(gated_source, src)
     before = {path: path.read_bytes() for path in src.rglob("*") if path.is_file()}
     (tmp_path / "link").symlink_to(src)
-    for dst, extra, message in ((src / "out", [], f"lies inside the input {str(src)!r}"), (tmp_path / "link", ["--overwrite"], f"is the input {str(src)!r}"),
+    for dst, extra, message in ((src / "out", [], f"lies inside the input {str(src)!r}"), (tmp_path / "link", ["--overwrite"], f"is the input {str(src)!r}"
+                                 if to != "gguf" else "exists and is a folder"),  # a file output replaces a link
                                 (tmp_path / "holder", ["--overwrite"], "contains the input")):
         cli_refuses(capsys, ["convert", str(src), str(dst), "--to", to, *extra], message, None)
         assert {path: path.read_bytes() for path in src.rglob("*") if path.is_file()} == before
