@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("triton")
+pytest.importorskip("triton", reason="needs the triton extra: pip install 'gated-qwen[triton]'")
 
 from gated_qwen.kernel.tuning import allowed_entries
 

@@ -12,7 +12,7 @@ import os
 import pytest
 import torch
 
-pytest.importorskip("triton")
+pytest.importorskip("triton", reason="needs the triton extra: pip install 'gated-qwen[triton]'")
 
 from gated_qwen import kernel as tga
 from gated_qwen.kernel import gated_attention, naive_gated_attention
