@@ -17,7 +17,7 @@ TORCH_INDEX ?=
 # pip warns about every missing folder of the machine's configured package mirrors; those lines say nothing.
 QUIET := 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
 
-.PHONY: setup test test-fast test-latest test-compat device-wheels test-serving bench-serving lock-serving demo confirm lint lock clean \
+.PHONY: setup test test-slow test-latest test-compat device-wheels test-serving bench-serving lock-serving demo confirm lint lock clean \
 	gpu-check test-distributed lock-distributed test-llama test-mlx test-onnx bench-local kernel-repo
 
 setup: $(STAMP)
@@ -33,11 +33,12 @@ $(STAMP): $(LOCK) pyproject.toml Makefile
 PYTEST = $(1)/bin/python -m pytest -q -n 2 --dist loadfile
 
 # Tests marked `compat` need .venv-compat and .device-wheels: `make test-compat` runs them, these targets deselect them.
+# `make test` leaves out the tests marked `slow`; `make test-slow` runs them.
 test: $(STAMP)
-	$(call PYTEST,$(VENV)) -m "not compat"
-
-test-fast: $(STAMP)
 	$(call PYTEST,$(VENV)) -m "not slow and not compat"
+
+test-slow: $(STAMP)
+	$(call PYTEST,$(VENV)) -m "slow and not compat"
 
 # The same suite against the newest releases pyproject.toml allows (torch stays the build of the lock: any other
 # version pulls a multi-GB CUDA build on a CPU machine). Run it on purpose to find drift before `make lock`.
