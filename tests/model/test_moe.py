@@ -550,6 +550,7 @@ def test_save_load_and_remote_code_without_the_package(tmp_path):
 def test_analyze_reads_a_mixture_of_experts_folder(tmp_path):
     """`gated-qwen analyze` loads a GatedQwen-MoE folder with its class and reports what `analyze` measures on the
     model itself."""
+    pytest.importorskip("matplotlib", reason="needs the analysis extra: pip install 'gated-qwen[analysis]'")
     from safetensors.torch import save_file
 
     from gated_qwen.analysis import analyze
