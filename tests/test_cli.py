@@ -351,7 +351,7 @@ BAD_FILES = {  # case -> (how MODEL is damaged, the command's arguments after MO
     "a truncated model.safetensors: analyze": (
         lambda m: (m / "model.safetensors").write_bytes((m / "model.safetensors").read_bytes()[:2000]),
         ["analyze", "MODEL", "--length", "8", "--out", "OUT"],
-        "MODEL '{m}': model.safetensors is not a readable safetensors file (Error while deserializing header"),
+        "MODEL '{m}': model.safetensors is not a readable safetensors file (a header of"),
     "a truncated model.safetensors: eval-ppl": (
         lambda m: (m / "model.safetensors").write_bytes((m / "model.safetensors").read_bytes()[:2000]),
         ["eval-ppl", "MODEL", "--lengths", "8"], "MODEL '{m}': model.safetensors is not a readable safetensors file"),
@@ -359,6 +359,15 @@ BAD_FILES = {  # case -> (how MODEL is damaged, the command's arguments after MO
                                   "MODEL '{m}': model.safetensors is not a readable safetensors file"),
     "a header whose offsets lie": (lambda m: damaged_header(m, "offsets"), ["eval-ppl", "MODEL", "--lengths", "8"],
                                    "MODEL '{m}': model.safetensors is not a readable safetensors file"),
+    **{f"model.safetensors linking to itself: {command}": (
+        lambda m: ((m / "model.safetensors").unlink(), (m / "model.safetensors").symlink_to("model.safetensors")),
+        args, "MODEL '{m}': model.safetensors is a link loop") for command, args in (
+            ("analyze", ["analyze", "MODEL", "--length", "8", "--out", "OUT"]),
+            ("eval-ppl", ["eval-ppl", "MODEL", "--lengths", "8"]))},
+    "config.json and tokenizer.json linking to each other": (
+        lambda m: ((m / "config.json").unlink(), (m / "config.json").symlink_to("tokenizer.json"),
+                   (m / "tokenizer.json").symlink_to("config.json")),
+        ["eval-ppl", "MODEL", "--lengths", "8"], "MODEL '{m}': config.json is a link loop"),
     "tokenizer.json a list": (lambda m: (m / "tokenizer.json").write_text("[1, 2]"),
                               ["eval-ppl", "MODEL", "--lengths", "8", "--text", "TEXT"],
                               "--text needs a tokenizer in MODEL '{m}', and none loads ("),
@@ -417,3 +426,73 @@ def test_a_config_whose_model_does_not_fit_is_refused_before_it_is_built(model64
                                "weights need about "), lines[0]
     assert "model.embed_tokens.weight [200000000, 32]" in lines[0] and "the RLIMIT_AS of this process" in lines[0]
     assert not (tmp_path / "a").exists()
+
+
+def huge_sparse_weights(folder, vocab_size: int) -> None:
+    """Rewrites the model folder `folder` as a consistent checkpoint of `vocab_size` embedding rows: config.json and
+    a model.safetensors whose header says so, its tensors' bytes a sparse file's zeros (tens of GB that take no disk
+    or memory until read)."""
+    import struct
+
+    from safetensors.torch import load_file
+
+    tensors = load_file(folder / "model.safetensors")
+    huge = {name for name in tensors if name in ("model.embed_tokens.weight", "lm_head.weight")}
+    header, data, end = {}, b"", 0
+    for name in sorted(tensors, key=lambda name: (name in huge, name)):  # the huge ones last: all sparse zeros
+        tensor = tensors[name]
+        shape = [vocab_size, tensor.shape[1]] if name in huge else list(tensor.shape)
+        size = tensor.element_size() * (shape[0] * shape[1] if name in huge else tensor.numel())
+        header[name] = {"dtype": {"torch.float32": "F32"}[str(tensor.dtype)], "shape": shape,
+                        "data_offsets": [end, end + size]}
+        data += b"" if name in huge else tensor.numpy().tobytes()
+        end += size
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(folder / "model.safetensors", "wb") as weights:
+        weights.write(struct.pack("<Q", len(raw)) + raw + data)
+        weights.truncate(8 + len(raw) + end)
+    edit_config(folder, vocab_size=vocab_size)
+
+
+CAPPED_4GIB = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, 4 * 2**30)); "
+               "from gated_qwen.cli import main; sys.exit(main(sys.argv[1:]))")
+
+
+@pytest.mark.parametrize("command", [["analyze", "MODEL", "--length", "8", "--out", "OUT"],
+                                     ["eval-ppl", "MODEL", "--lengths", "8", "--out", "OUT"],
+                                     *(["convert", "MODEL", "OUT", "--to", to] for to in ("mlx", "qwen3_5", "onnx"))],
+                         ids=lambda command: " ".join(command[:1] + command[3:5]))
+def test_weights_larger_than_memory_are_refused_naming_the_largest_tensor(model64, tmp_path, command):
+    """A consistent checkpoint of 25.6 GB (a sparse file), under a 4 GiB address-space cap that no mapping of it fits
+    in: its headers are read, not mapped, and the memory check names its largest tensor and the memory available,
+    before anything is built (the float32 model of --to onnx included)."""
+    huge_sparse_weights(model64, vocab_size=200_000_000)
+    argv = [str(model64) if a == "MODEL" else str(tmp_path / "out") if a == "OUT" else a for a in command]
+    result = subprocess.run([sys.executable, "-c", CAPPED_4GIB, *argv], capture_output=True, text=True, timeout=300,
+                            check=False)
+    lines = [line for line in result.stderr.replace("\r", "\n").splitlines() if line and "%|" not in line]
+    assert result.returncode == 2 and len(lines) == 1, result.stderr[-3000:]
+    assert "unexpected" not in lines[0] and "model.embed_tokens.weight [200000000, 32]" in lines[0], lines[0]
+    assert "GiB available (the RLIMIT_AS of this process)" in lines[0], lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_model_and_outputs_whose_names_are_not_utf8_are_read_and_written(model64, tmp_path):
+    """MODEL, `--out` named `...\\xfe` (names the safetensors and tokenizers libraries cannot open, Rust strings):
+    analyze and eval-ppl read and write them as they do UTF-8 names, the same numbers."""
+    odd = tmp_path / os.fsdecode(b"model\xfe")
+    try:
+        os.rename(model64, odd)
+    except (OSError, UnicodeEncodeError):
+        pytest.skip("this file system takes only UTF-8 names")
+    out = tmp_path / os.fsdecode(b"rows\xfe.json")
+    assert main(["eval-ppl", str(odd), "--lengths", "8", "--sequences", "2", "--out", str(out)]) == 0
+    assert main(["analyze", str(odd), "--length", "8", "--sequences", "2", "--out",
+                 str(tmp_path / os.fsdecode(b"analysis\xfe"))]) == 0
+    assert (tmp_path / os.fsdecode(b"analysis\xfe") / "report.json").is_file()
+    os.rename(odd, tmp_path / "plain")
+    assert main(["eval-ppl", str(tmp_path / "plain"), "--lengths", "8", "--sequences", "2", "--out",
+                 str(tmp_path / "plain.json")]) == 0
+    rows, plain = json.loads(out.read_text()), json.loads((tmp_path / "plain.json").read_text())
+    assert rows.pop("model") == str(odd) and plain.pop("model") == str(tmp_path / "plain") and rows == plain

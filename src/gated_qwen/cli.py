@@ -86,6 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     printing its summary then failed (stdout a closed pipe or a full device: said on stderr in one line)."""
     args = build_parser().parse_args(argv)
     quiet_import_noise()
+    for stream in (sys.stdout, sys.stderr):  # a path whose name is not UTF-8 is printed with its odd bytes as
+        try:  # \udcXX (Python's way for stderr), never an encoding error after the outputs were written
+            stream.reconfigure(errors="backslashreplace")
+        except (AttributeError, ValueError, OSError):
+            pass
     if sys.stdout is None:  # no stdout at all (`>&-`): print writes nothing, and nothing fails
         return _run(args)
     stdout = sys.stdout = _Stdout(sys.stdout)

@@ -560,3 +560,72 @@ def test_a_missing_q_proj_that_holds_the_gate_is_named_as_such(tmp_path, capsys)
         with pytest.raises(ValueError) as refusal:
             GatedQwenForCausalLM.from_pretrained(tmp_path / folder)
         assert said in str(refusal.value)
+
+
+LOOP = "is a link loop: following its links leads back to a link already followed"
+
+
+@pytest.mark.parametrize("direction", [["--from", "qwen3"], *(["--to", to] for to in ("mlx", "qwen3_5", "onnx",
+                                                                                         "release", "gguf"))],
+                         ids=" ".join)
+def test_a_link_loop_is_refused_by_name_in_every_direction(qwen3_sources, gated_source, tmp_path, capsys, direction):
+    """`model.safetensors -> model.safetensors`, a config.json and a tokenizer.json that link to each other, SRC a
+    link to itself, DST one: each refused in one line naming the path, status 2, nothing written (Python 3.11's
+    `Path.resolve` raises a bare RuntimeError on a loop)."""
+    src = tmp_path / "src"
+    shutil.copytree(qwen3_sources[False][0] if direction[0] == "--from" else gated_source, src)
+    dst = tmp_path / "dst"
+    argv = ["convert", str(src), str(dst), *direction, "--no-verify"]
+    for name in [p.name for p in src.glob("model*.safetensors*")]:
+        (src / name).unlink()
+    (src / "model.safetensors").symlink_to("model.safetensors")
+    cli_refuses(capsys, argv, f"SRC's 'model.safetensors' {LOOP}", dst)
+
+    (src / "model.safetensors").unlink()
+    (src / "config.json").unlink()
+    (src / "config.json").symlink_to("tokenizer.json")
+    (src / "tokenizer.json").symlink_to("config.json")
+    cli_refuses(capsys, argv, f"SRC's 'config.json' {LOOP}", dst)
+
+    (tmp_path / "self").symlink_to("self")
+    cli_refuses(capsys, ["convert", str(tmp_path / "self"), str(dst), *direction], f"SRC {str(tmp_path / 'self')!r} "
+                f"{LOOP}", dst)
+    cli_refuses(capsys, ["convert", str(gated_source), str(tmp_path / "self"), *direction],
+                f"DST {str(tmp_path / 'self')!r} {LOOP}", None)
+    assert os.readlink(tmp_path / "self") == "self"
+
+
+def test_a_source_or_destination_whose_name_is_not_utf8_is_converted_and_verified(qwen3_sources, tmp_path, capsys):
+    """`out\\xfe` (a name the file system takes but the safetensors library cannot open, a Rust string): verified and
+    written, as with a UTF-8 name; the same for SRC. The result computes the source's logits."""
+    src, expected = qwen3_sources[False]
+    dst = tmp_path / os.fsdecode(b"out\xfe")
+    try:
+        dst.mkdir()
+        dst.rmdir()
+    except (OSError, UnicodeEncodeError):
+        pytest.skip("this file system takes only UTF-8 names")
+    assert main(["convert", str(src), str(dst), "--from", "qwen3", "--verify"]) == 0
+    assert "verified: logits agree" in capsys.readouterr().err
+    assert main(["convert", str(dst), str(tmp_path / os.fsdecode(b"back\xfe")), "--to", "qwen3_5", "--verify"]) == 0
+    assert "verified: logits agree" in capsys.readouterr().err
+    os.rename(dst, tmp_path / "plain")  # Transformers' own from_pretrained opens only UTF-8 names
+    torch.testing.assert_close(logits(load(GatedQwenForCausalLM, tmp_path / "plain")), expected)
+
+
+@pytest.mark.parametrize("to", ["mlx", "onnx", "gguf", "qwen3_5", "release"])
+def test_every_export_refuses_an_output_into_over_or_around_its_input(gated_source, tmp_path, capsys, to):
+    """docs/cli.md's first rule for the exports added since (`--to mlx`, `--to onnx`, a GGUF file) as for the others:
+    DST inside SRC, DST that is SRC through a link (for a one-file GGUF: a folder), and DST holding SRC (with
+    --overwrite) are refused in one line
+    before anything is read or written (`--to onnx` before it asks for ONNX Runtime), SRC left as it was."""
+    src = tmp_path / "holder" / "src"
+    shutil.copytree(gated_source, src)
+    before = {path: path.read_bytes() for path in src.rglob("*") if path.is_file()}
+    (tmp_path / "link").symlink_to(src)
+    for dst, extra, message in ((src / "out", [], f"lies inside the input {str(src)!r}"), (tmp_path / "link", ["--overwrite"], f"is the input {str(src)!r}"
+                                 if to != "gguf" else "exists and is a folder"),  # a file output replaces a link
+                                (tmp_path / "holder", ["--overwrite"], "contains the input")):
+        cli_refuses(capsys, ["convert", str(src), str(dst), "--to", to, *extra], message, None)
+        assert {path: path.read_bytes() for path in src.rglob("*") if path.is_file()} == before
+        assert not (src / "out").exists()

@@ -325,6 +325,22 @@ def test_a_missing_gate_tensor_is_an_error_not_a_random_gate(tmp_path):
         GatedQwenForCausalLM.from_pretrained(tmp_path / "gated")
 
 
+@pytest.mark.parametrize("edit, field", [(dict(gate_layers=[0]), "gate_layers=[0]"),
+                                         (dict(gate_position=None), "gate_position=None")])
+def test_a_gate_tensor_the_config_does_not_have_is_an_error_not_dropped(tmp_path, edit, field):
+    """The mirror of a missing gate: config.json says layer 1 has no gate (or no layer has one) while the weights hold
+    layer 1's gate; loading would drop it and compute another model than the one saved."""
+    torch.manual_seed(0)
+    GatedQwenForCausalLM(GatedQwenConfig(**TINY)).save_pretrained(tmp_path / "gated")
+    config = json.loads((tmp_path / "gated" / "config.json").read_text())
+    (tmp_path / "gated" / "config.json").write_text(json.dumps({**config, **edit}))
+    with pytest.raises(ValueError, match=re.escape(
+            "the checkpoint holds model.layers.0.self_attn.gate.g_proj.weight (and 1 more gate tensors)"
+            if "gate_position" in edit else "the checkpoint holds model.layers.1.self_attn.gate.g_proj.weight")
+            + re.escape(f", a gate its config does not have ({field}); refusing to drop it")):
+        GatedQwenForCausalLM.from_pretrained(tmp_path / "gated")
+
+
 def misshapen(folder: Path, name: str, **gate) -> None:
     """A saved GatedQwen folder whose tensor `name` lost its last 4 rows."""
     torch.manual_seed(0)

@@ -50,6 +50,8 @@ CASES = {
     "moe_no_shared_expert": dict(MOE, shared_expert_intermediate_size=0, norm_topk_prob=False),  # Qwen3-MoE's kind
     "moe_dense_layer_linear_rope": dict(MOE, mlp_only_layers=[0], rope_parameters={
         "rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}),
+    "moe_yarn": dict(MOE, rope_parameters={  # Qwen3-Next reads rope_scaling, not rope_parameters: see it written
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64}),
 }
 
 

@@ -101,7 +101,7 @@ rename = os.rename
 
 def killed_after_moving_the_old_output_aside(src, dst):
     rename(src, dst)
-    if ".replaced-" in str(dst):
+    if ".replaced-" in str(dst) and os.path.basename(dst) != "owner.json":  # the old output, not the record
         os.kill(os.getpid(), signal.SIGKILL)
 
 os.rename = killed_after_moving_the_old_output_aside
@@ -229,6 +229,34 @@ def test_only_folders_with_this_projects_owner_record_are_removed(tmp_path, caps
     with output_folder(tmp_path / "out") as staging:  # a run writing that output leaves them too
         (staging / "new.txt").write_text("new")
     assert tree(tmp_path) == {**before, "out": "folder", "out/new.txt": b"new"}
+
+
+def test_a_run_killed_before_its_owner_record_leaves_nothing_the_next_run_cannot_remove(tmp_path, capsys):
+    """A run killed between creating its staging folder and writing its owner record leaves the folder empty, or
+    holding only the record being written (`owner.json.partial`, unlocked: the record is renamed into place whole
+    and locked): `convert --clean` and the next run that writes the output remove it. One whose record a live run is
+    writing (its lock held) is left alone."""
+    import fcntl
+
+    empty, partial, live = (tmp_path / f".an.writing-{pid}-abcdefgh" for pid in (4242, 4243, 4244))
+    for folder in (empty, partial, live):
+        folder.mkdir()
+    (partial / "owner.json.partial").write_text('{"by": "gated-qwen", "ki')
+    held = os.open(live / "owner.json.partial", os.O_WRONLY | os.O_CREAT)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    try:
+        assert main(["convert", "--clean", str(tmp_path / "an")]) == 0
+        out = capsys.readouterr().out
+        for folder in (empty, partial):
+            assert f"removed the empty staging folder {folder} (a run stopped before it wrote its owner record)" in out
+        assert sorted(tmp_path.iterdir()) == [live]
+    finally:
+        os.close(held)
+    with output_folder(tmp_path / "an") as staging:  # the next run: the record appears whole, under its name
+        assert sorted(os.listdir(staging.parent)) == ["an", OWNER_FILE]
+        (staging / "report.md").write_text("new")
+    assert f"removed the empty staging folder {live}" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["an"]
 
 
 # ------------------------------------------------------------------------------------------ left behind

@@ -87,6 +87,78 @@ def test_the_repository_is_generated_from_the_kernel_and_reproducible(tmp_path, 
     assert replaced.returncode == 0 and tree(tmp_path / "a") == runs[0]
 
 
+def test_the_repository_replaces_only_a_folder_it_wrote(tmp_path, capsys):
+    """What `make kernel-repo` runs (`OUT --overwrite`) writes a new folder and replaces a build of its own (with the
+    `__pycache__` an import leaves); a link to a user's folder (a clone of the published repository, `.git`
+    included), a folder holding anything a build does not write, or one whose metadata names another kernel is
+    refused in one line and left as it was; a parent that is a regular file is named as a file."""
+    import shutil
+
+    def run(out) -> tuple[int, str]:
+        capsys.readouterr()
+        code = kernel_hub.main([str(out), "--overwrite"])
+        return code, capsys.readouterr().err
+
+    out = tmp_path / "build" / "kernel-repo"
+    assert run(out)[0] == 0
+    built = tree(out)
+    (out / f"build/torch-universal/{kernel_hub.PACKAGE}/__pycache__").mkdir()
+    (out / f"build/torch-universal/{kernel_hub.PACKAGE}/__pycache__/attention.cpython-311.pyc").write_bytes(b"pyc")
+    (out / "README.md").write_text("an older build")
+    assert run(out)[0] == 0 and tree(out) == built
+
+    clone = tmp_path / "clone"
+    shutil.copytree(out, clone)
+    (clone / ".git").mkdir()
+    (clone / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    link = tmp_path / "linked"
+    link.symlink_to(clone)
+    other = tmp_path / "other"
+    shutil.copytree(out, other)
+    (other / "build/torch-universal/metadata.json").write_text('{"name": "someone-elses-kernel"}')
+    for target, message in ((link, f"OUT {str(link)!r} is a link (to {str(clone)!r})"),
+                            (clone, f"OUT {str(clone)!r} holds '.git', which the kernel repository's build does not "
+                                    "write"),
+                            (other, f"OUT {str(other)!r} is not a build of gated-qwen-kernel")):
+        before = tree(target.resolve())
+        code, err = run(target)
+        assert code == 2 and err.count("\n") == 1 and message in err, err
+        assert tree(target.resolve()) == before and link.is_symlink()
+
+    (tmp_path / "a-file").write_text("not a folder")
+    code, err = run(tmp_path / "a-file" / "kernel-repo")
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"{str(tmp_path / 'a-file')!r}, which would hold OUT" in err and "is a file, not a folder" in err, err
+
+
+def test_the_hub_kernel_is_asked_for_at_the_commit_config_json_pins(hub, monkeypatch):
+    """What `kernels.get_kernel` is called with (recorded; it answers with the local build): the repository and the
+    commit that config.json names (`hub_kernel_revision`), never a branch or a version, that repository alone
+    trusted; and what it returns is the attention registered as the fused one. (`LOCAL_KERNELS`, which the test
+    without the package uses, ignores the revision asked for.)"""
+    from transformers.masking_utils import AttentionMaskInterface
+    from transformers.modeling_utils import AttentionInterface
+
+    from gated_qwen.model import modeling_gated
+
+    for interface in (AttentionInterface, AttentionMaskInterface):  # the registry as it was, after the test
+        mapping = interface._global_mapping
+        monkeypatch.setitem(mapping, modeling_gated.FUSED_ATTENTION, mapping.get(modeling_gated.FUSED_ATTENTION))
+    calls = []
+
+    def get_kernel(*args, **kwargs):
+        calls.append((args, kwargs))
+        return hub
+
+    monkeypatch.setattr(kernels, "get_kernel", get_kernel)
+    repo = "gated-qwen-test/pinned-kernel"
+    config = GatedQwenConfig(**SMALL, hub_kernel_repo=repo, hub_kernel_revision=COMMIT)
+    function = modeling_gated.hub_kernel_attention(config)
+    assert calls == [((repo,), {"revision": COMMIT, "trust_remote_code": [repo]})]
+    assert function is hub.gated_attention_forward
+    assert AttentionInterface._global_mapping[modeling_gated.FUSED_ATTENTION] is hub.gated_attention_forward
+
+
 def test_get_local_kernel_loads_its_own_module_with_its_own_ops(kernel_repo, hub):
     """The module is the repository's files (not the package's), named by the metadata id, and its custom ops live in
     a namespace of that name: the Hub copy runs its own code even beside the package."""

@@ -93,6 +93,8 @@ def test_the_shipped_code_keeps_the_loading_promises_without_the_package(tmp_pat
             {OTHER: s[OTHER][:, :-1].contiguous()})), {}),
         "tensor of another shape, allowed": (tmp_path / "shape", {"ignore_mismatched_sizes": True}),
         "bad config value": (edited(saved, tmp_path / "config", config=lambda c: c.update(gate_position="g9")), {}),
+        "gate the config does not have": (edited(saved, tmp_path / "extra-gate", config=lambda c: c.update(
+            gate_layers=[0])), {}),
     }
     if kind == "dense":
         dense = GatedQwenForCausalLM(GatedQwenConfig(**TINY))
@@ -115,12 +117,15 @@ def test_the_shipped_code_keeps_the_loading_promises_without_the_package(tmp_pat
         assert answers[case] == with_the_package[case], case
     refusals = {case: answer["refused"] for case, answer in answers.items() if "refused" in answer}
     assert set(refusals) == set(cases) - {"tensor of another shape, allowed"}, answers
-    tensors = ("missing gate", "gate of another shape", "tensor of another shape")
+    tensors = ("missing gate", "gate of another shape", "tensor of another shape", "gate the config does not have")
     assert all("\n" not in refusals[case] for case in tensors), refusals  # one line each
     assert refusals["missing gate"] == (
         f"ValueError: the checkpoint has no tensor for {GATE}, yet its config has a gate (gate_position='sdpa'); "
         "refusing to start that gate at random. Load the folder with the config it was saved with, or pass gate "
         "fields only to add a gate to a stock Qwen3 folder.")
+    assert refusals["gate the config does not have"] == (
+        f"ValueError: the checkpoint holds {GATE}, a gate its config does not have (gate_layers=[0]); refusing to drop "
+        "it. Load the folder with the config it was saved with.")
     assert f"a tensor of another shape for {GATE}" in refusals["gate of another shape"]
     assert f"the checkpoint's {OTHER} has shape" in refusals["tensor of another shape"]
     assert "gate_position" in refusals["bad config value"] and "'g9'" in refusals["bad config value"]

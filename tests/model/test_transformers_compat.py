@@ -7,6 +7,7 @@ machine's image), and tests/serving/test_shipped_files.py runs the saved model f
 References are independent of the seam: hand-written slices and masks, the registry Transformers' tensor
 parallelism reads, generation without a cache, the stock Qwen3 model."""
 
+import pytest
 import torch
 from helpers import SMALL, randomize_
 
@@ -19,6 +20,37 @@ def test_slice_logits_to_keep_keeps_the_last_positions_or_the_given_ones():
     assert torch.equal(compat.slice_logits_to_keep(hidden, 0), hidden)
     assert torch.equal(compat.slice_logits_to_keep(hidden, 2), hidden[:, 3:])
     assert torch.equal(compat.slice_logits_to_keep(hidden, torch.tensor([0, 4])), hidden[:, [0, 4]])
+
+
+@pytest.mark.parametrize("keep", [0, 1, 3, torch.tensor([0, 4])], ids=["0", "1", "3", "tensor"])
+def test_the_slice_of_the_releases_without_the_helper_gives_the_logits_kept(keep, monkeypatch):
+    """5.17 - 5.19 have no `modeling_utils.slice_logits_to_keep`: the seam's own slice then runs before `lm_head`.
+    Run here in the helper's place (a spy asserts it ran): the logits with `logits_to_keep` are the full forward's
+    logits at the kept positions, sliced by hand; and it slices as the installed Transformers' helper does."""
+    from transformers import modeling_utils
+
+    from gated_qwen.model import modeling_gated
+
+    hidden = torch.randn(2, 5, 3, generator=torch.Generator().manual_seed(0))
+    if hasattr(modeling_utils, "slice_logits_to_keep"):
+        assert torch.equal(compat._qwen3_slice_logits_to_keep(hidden, keep),
+                           modeling_utils.slice_logits_to_keep(hidden, keep))
+    calls = []
+
+    def older_releases_slice(hidden_states, logits_to_keep):
+        calls.append(logits_to_keep)
+        return compat._qwen3_slice_logits_to_keep(hidden_states, logits_to_keep)
+
+    monkeypatch.setattr(modeling_gated, "slice_logits_to_keep", older_releases_slice)
+    model = randomize_(GatedQwenForCausalLM(GatedQwenConfig(**SMALL)), seed=4, scale=0.3).eval()
+    prompt = torch.tensor([[3, 14, 15, 9, 2], [7, 1, 8, 2, 8]])
+    with torch.no_grad():
+        full = model(prompt).logits
+        kept = model(prompt, logits_to_keep=keep).logits
+    positions = list(range(5)) if isinstance(keep, int) and keep == 0 else (
+        list(range(5 - keep, 5)) if isinstance(keep, int) else keep.tolist())
+    torch.testing.assert_close(kept, full[:, positions])  # float32 defaults: lm_head over fewer rows
+    assert len(calls) == 2
 
 
 def test_causal_mask_takes_the_cache_and_masks_padding_and_the_future():

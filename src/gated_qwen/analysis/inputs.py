@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..files import CONFIG_VALUE_ERRORS, check_safetensors_files, config_from_dict, read_json_object
+from ..files.identity import resolved
+from ..files.reading import utf8_named
 from .memory import check_model_fits
 
 if TYPE_CHECKING:
@@ -34,7 +36,8 @@ class Inputs:
             from transformers import AutoTokenizer
 
             try:
-                tokenizer = AutoTokenizer.from_pretrained(model_path)
+                with utf8_named(model_path) as named:  # a name the tokenizers library can open
+                    tokenizer = AutoTokenizer.from_pretrained(named)
             except Exception as error:  # noqa: BLE001 (its only input is MODEL's tokenizer files, of any shape: the
                 # tokenizers library raises a bare Exception for a model it rejects, Transformers whatever a value of
                 # the wrong type meets)
@@ -113,6 +116,8 @@ def load_model(path: str, dtype: str, device: str):
     from ..conversion.loading import gated_config_dict
     from ..model.configuration_gated import GATED_MODEL_TYPES
 
+    resolved(Path(path), f"MODEL {path!r}", ValueError)
+    resolved(Path(path) / "config.json", f"MODEL {path!r}: config.json", ValueError)
     if not (Path(path) / "config.json").is_file():
         raise ValueError(f"MODEL {path!r} is not a model folder (no config.json); pass a folder written by "
                          "save_pretrained.")
@@ -129,8 +134,9 @@ def load_model(path: str, dtype: str, device: str):
     config = config_from_dict(causal_lm.config_class, config_dict, what)  # refused before loading
     check_model_fits(causal_lm, config, getattr(torch, dtype), device, what)
     try:
-        model = causal_lm.from_pretrained(path, dtype=getattr(torch, dtype), attn_implementation="sdpa",
-                                          return_dict=True)  # outputs as measure reads them, whatever config.json says
+        with utf8_named(path) as named:  # a name safetensors can open
+            model = causal_lm.from_pretrained(named, dtype=getattr(torch, dtype), attn_implementation="sdpa",
+                                              return_dict=True)  # outputs as measure reads them, whatever config.json says
     except pickle.UnpicklingError as error:
         from ..conversion.io import unpickling_reason
 

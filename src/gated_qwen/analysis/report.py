@@ -69,7 +69,7 @@ def write_analysis(folder: Path, result: dict, meta: dict) -> str:
         "\n\n![M-Act per layer](max_activation.png)\n\n![attention maps](attention_maps.png)"
         + ("\n\n![gate histograms](gate_histograms.png)" if gated else ""),
     ]) + "\n"
-    (folder / "report.md").write_text(text)
+    (folder / "report.md").write_text(text, errors="backslashreplace")  # a path that is not UTF-8: as \udcXX
     write_json(folder / "report.json", {"meta": meta, "summary": summary, "layers": layers,
                                         "gate_histogram_edges": result["gate_histogram_edges"],
                                         **({"quantization": result["quantization"]} if quantization else {})})

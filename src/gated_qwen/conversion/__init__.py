@@ -160,6 +160,36 @@ def _verify_by_default(ckpt) -> bool:
     return False
 
 
+def _check_memory(request: _Request, ckpt, plan: dict | None, shard_size: int | None, verify: bool | None) -> None:
+    """Refuses, from the sizes alone and before any tensor is read, a conversion that would not fit in the memory
+    this process may use (the machine's, its cgroup's, `ulimit -v`), naming SRC's largest tensor. A plan streams:
+    one output shard (`shard_size`, at least the largest output tensor) and the source tensor read for it; an
+    export without a plan (`--to onnx`) builds the whole float32 model from the float32 weights; `verify` (on by
+    default up to `VERIFY_MAX_PARAMETERS`) builds the source's and the result's float32 models."""
+    from ..analysis.memory import available_memory
+
+    available = available_memory("cpu")
+    if available is None:
+        return
+    name, largest = ckpt.largest_tensor
+    if plan is None:
+        needed, held = 8 * ckpt.parameter_count, "the whole model in float32 and its weights as read"
+    else:
+        biggest = max((p.nbytes for p in plan.values()), default=0)
+        total = sum(p.nbytes for p in plan.values())
+        shard = max(biggest, min(shard_size or max(1, ckpt.largest_file_bytes // 2), total))
+        needed, held = shard + largest.nbytes, "one output shard and the tensor read for it"
+        if biggest + largest.nbytes <= available[0] < needed:
+            held += f"; a --max-shard-size of {(available[0] - largest.nbytes) / 2**30:.1f}GiB or less would fit"
+    if (ckpt.parameter_count <= VERIFY_MAX_PARAMETERS if verify is None else verify) and plan is not None:
+        needed, held = max(needed, 8 * ckpt.parameter_count), held + "; --verify: both models in float32"
+    if needed > available[0]:
+        raise ConversionError(
+            f"{request.flag} needs about {needed / 2**30:.1f} GiB of memory ({held}; SRC's largest tensor: {name} "
+            f"{list(largest.shape)} {str(largest.dtype).removeprefix('torch.')}), more than the "
+            f"{available[0] / 2**30:.1f} GiB available ({available[1]}); convert it on a machine with more memory.")
+
+
 def _kinds(request: _Request, ckpt, config) -> tuple[str, str]:
     """What the source and the result hold, for the progress bar and the report: the format's name on the foreign
     side, the model_type on the gated_qwen side (gated_qwen or gated_qwen_moe)."""
@@ -226,6 +256,7 @@ def _write_file(request: _Request, src, dst, *, overwrite: bool, allow_pickle: b
         ckpt = Checkpoint(src, allow_pickle=allow_pickle)
         carried = files_to_carry(src)[0] if folder else {}
         check_source(ckpt, request.source)
+        _check_memory(request, ckpt, None if folder else {}, None, verify)
         verify = _verify_by_default(ckpt) if verify is None else verify
         write = request.fmt.write_folder if folder else request.fmt.write_file
         vocab_size, report = write(ckpt, tmp, **request.options)
@@ -277,6 +308,7 @@ def convert(
         carried, code_left = files_to_carry(src, carry_code)  # refused now, not after the slow part
         config, plan = _plan(request, ckpt)
         check_source(ckpt, request.source, None if request.export else config)
+        _check_memory(request, ckpt, plan, shard_size, verify)
         verify = _verify_by_default(ckpt) if verify is None else verify
         _write(request, ckpt, config, plan, tmp, shard_size)
         copied = carry_files(carried, tmp)

@@ -1,8 +1,8 @@
 """Reading and writing checkpoints one tensor at a time.
 
-`Checkpoint` lists a folder's tensors (names, shapes, dtypes) from the safetensors headers without reading any data,
-and `get(name)` reads one tensor with the file mapped just for that read (a memory map that is closed again, so the
-pages it touched stop counting against this process), through the handle opened when the file was checked. `write_weights` computes the output tensors shard by shard
+`Checkpoint` lists a folder's tensors (names, shapes, dtypes) from the safetensors headers, read with plain reads
+(nothing is mapped, so a file larger than the memory is listed, and refused by the memory check, like any other),
+and `get(name)` reads that one tensor's bytes, through the handle opened when the file was checked. `write_weights` computes the output tensors shard by shard
 from a plan (`name -> TensorPlan`) and saves each shard with `safetensors.torch.save_file` into a staging folder
 (`gated_qwen.files`). Peak memory is about one output shard (plus the imports); by default an output shard is at
 most half the largest input file. Every way a folder can be unreadable (config.json, the index, a shard, a pickle)
@@ -33,11 +33,12 @@ from pathlib import Path
 
 import torch
 from huggingface_hub import split_state_dict_into_shards_factory
-from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from ..files import read_json_object, write_json
+from ..files.identity import resolved as resolved_path
+from ..files.reading import safetensors_header
 from .errors import ConversionError
 
 SAFETENSORS_DTYPES = {
@@ -109,7 +110,7 @@ def source_file(src: Path, name: str, what: str) -> SourceFile:
     """`src / name`, opened, when it is one of SRC's files (a regular file inside SRC, links inside SRC followed);
     otherwise a `ConversionError` that names it (`what`: how the command came to read it) and says why."""
     path = src / name
-    resolved = path.resolve()
+    resolved = resolved_path(path, f"{what} {name!r}", ConversionError)
     roots = _source_roots(src)
 
     def outside(where: Path) -> ConversionError:
@@ -149,6 +150,11 @@ class TensorInfo:
     file: str
     shape: tuple[int, ...]
     dtype: torch.dtype
+    span: tuple[int, int] | None = None  # its bytes in a safetensors file: (first, end)
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
 
 
 @dataclass(frozen=True)
@@ -174,6 +180,7 @@ class Checkpoint:
 
     def __init__(self, folder: str | os.PathLike, allow_pickle: bool = False):
         self.folder = Path(folder)
+        resolved_path(self.folder, f"SRC {str(self.folder)!r}", ConversionError)
         if not self.folder.is_dir():
             raise ConversionError(f"SRC {str(self.folder)!r} is not a folder; give the folder that holds config.json.")
         config_path = self.folder / "config.json"
@@ -241,16 +248,13 @@ class Checkpoint:
             return {k: TensorInfo(file, tuple(v.shape), v.dtype) for k, v in state.items()}
         out = {}
         try:
-            with safe_open(self.files[file].path, framework="pt") as f:
-                for name in f.keys():
-                    view = f.get_slice(name)
-                    dtype = view.get_dtype()
-                    if dtype not in SAFETENSORS_DTYPES:
-                        raise ConversionError(f"Tensor {name!r} in {file} has dtype {dtype}, which is not supported.")
-                    out[name] = TensorInfo(file, tuple(view.get_shape()), SAFETENSORS_DTYPES[dtype])
-        except (SafetensorError, OSError) as error:
-            raise ConversionError(f"{file} in SRC is not a readable safetensors file ({_one_line(error)}); it may be "
-                                  "truncated or corrupt.") from None
+            header = safetensors_header(self.files[file].fd, f"{file} in SRC")
+        except ValueError as error:
+            raise ConversionError(str(error)) from None
+        for name, (dtype, shape, span) in header.items():
+            if dtype not in SAFETENSORS_DTYPES:
+                raise ConversionError(f"Tensor {name!r} in {file} has dtype {dtype}, which is not supported.")
+            out[name] = TensorInfo(file, shape, SAFETENSORS_DTYPES[dtype], span)
         return out
 
     def _load_pickled(self, file: str) -> dict[str, torch.Tensor]:
@@ -273,12 +277,25 @@ class Checkpoint:
         return state
 
     def get(self, name: str) -> torch.Tensor:
-        """The tensor `name` (memory-mapped until touched)."""
+        """The tensor `name`: its bytes read from the file opened when it was checked (nothing else of the file is
+        read or mapped)."""
         info = self.tensors[name]
         if self.pickled:
             return self._load_pickled(info.file)[name]
-        with safe_open(self.files[info.file].path, framework="pt") as f:
-            return f.get_tensor(name)
+        first, end = info.span
+        data = torch.empty(end - first, dtype=torch.uint8)
+        buffer, done = memoryview(data.numpy()), 0
+        while done < len(buffer):
+            read = os.preadv(self.files[info.file].fd, [buffer[done:]], first + done)
+            if read == 0:
+                raise ConversionError(f"{info.file} in SRC ended while {name!r} was read; it was truncated while the "
+                                      "conversion ran. Nothing was written.")
+            done += read
+        return data.view(info.dtype).view(info.shape)
+
+    @property
+    def largest_tensor(self) -> tuple[str, TensorInfo]:
+        return max(self.tensors.items(), key=lambda item: item[1].nbytes)
 
     @property
     def largest_file_bytes(self) -> int:
@@ -387,10 +404,6 @@ def carry_files(carried: dict[str, SourceFile], folder: Path) -> list[str]:
         source.close()
     return copied
 
-
-
-def _one_line(error: BaseException) -> str:
-    return " ".join(str(error).split())
 
 
 def unpickling_reason(error: BaseException) -> str:

@@ -25,7 +25,15 @@ VERIFY_SHAPE = (2, 16)  # sequences x tokens, random ids (seed 0)
 
 
 def model_logits(folder: Path, fmt: Format, input_ids: torch.Tensor, allow_pickle: bool = False) -> torch.Tensor:
-    """`input_ids: [B, S]` -> float32 logits `[B, S, vocab]` of the checkpoint in `folder`, of format `fmt`."""
+    """`input_ids: [B, S]` -> float32 logits `[B, S, vocab]` of the checkpoint in `folder`, of format `fmt` (read
+    through a UTF-8 name of it: `utf8_named`)."""
+    from ..files.reading import utf8_named
+
+    with utf8_named(folder) as named:
+        return _logits(Path(named), fmt, input_ids, allow_pickle)
+
+
+def _logits(folder: Path, fmt: Format, input_ids: torch.Tensor, allow_pickle: bool) -> torch.Tensor:
     import json
 
     import torch

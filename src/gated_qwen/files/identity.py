@@ -4,6 +4,7 @@ file system allows. The rules are in `gated_qwen.files`' docstring. Standard lib
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -17,6 +18,22 @@ CACHE_REPO = re.compile(r"^(?:models|datasets|spaces)--")  # a repository's fold
 
 class OutputError(ValueError):
     """An output that cannot be written as asked (it would touch an input, exists, has no writable parent...)."""
+
+
+def resolved(path: str | os.PathLike, shown: str, error: type[Exception] = OutputError) -> Path:
+    """`Path(path).resolve()`, or `error` (one line, `shown` naming the path) when following its links leads back to
+    a link already followed (`model.safetensors -> model.safetensors`), where it names nothing: Python 3.11's
+    `resolve` raises a bare RuntimeError there, later versions return a path that names nothing."""
+    try:
+        os.stat(path)
+    except OSError as problem:
+        if problem.errno == errno.ELOOP:
+            raise error(f"{shown} is a link loop: following its links leads back to a link already followed (e.g. "
+                        "a file that links to itself), so it names no file; replace the link with the file or folder "
+                        "it should name.") from None
+    except ValueError:  # a NUL byte in the name: nothing to resolve, the caller refuses it
+        pass
+    return Path(path).resolve()
 
 
 def _identity(status: os.stat_result) -> tuple[int, int]:
@@ -220,10 +237,12 @@ def check_output(
     shown = f"{label} {str(path)!r}"
     if given.name in ("", ".", "..") and kind == "file":
         raise OutputError(f"{shown} names a folder; give a file path.")
+    resolved(given, shown)  # a link loop is named as such, for a file as for a folder
     if given.is_symlink() and not given.exists():
         raise OutputError(f"{shown} is a symlink to {os.readlink(given)!r}, which does not exist; remove the link or "
                           "choose another path.")
-    target = given.resolve() if kind == "folder" else given.absolute().parent.resolve() / given.name
+    target = (resolved(given, shown) if kind == "folder"
+              else resolved(given.absolute().parent, f"{shown}'s folder") / given.name)
     if target.parent == target:
         raise OutputError(f"{shown} is the root of the file system; choose a new folder.")
     if len(os.fsencode(target.name)) > name_max(nearest_existing(target.parent)):
@@ -271,7 +290,10 @@ def check_output(
             _what_it_would_replace(target, known, mounts, shown)
     parent = target.parent
     if not parent.is_dir():
-        if not create_parents or (parent.exists() and not parent.is_dir()):
+        if parent.exists():
+            raise OutputError(f"{str(parent)!r}, which would hold {shown}, is a file, not a folder; choose another "
+                              "path.")
+        if not create_parents:
             raise OutputError(f"The folder {str(parent)!r} that would hold {shown} does not exist; create it first.")
         parent = nearest_existing(parent)
         if not parent.is_dir():

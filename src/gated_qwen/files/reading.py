@@ -10,8 +10,11 @@ this module without the model stack.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 MAX_JSON_DEPTH = 64  # arrays and objects nested deeper than this are refused: no config or results file comes close
@@ -57,27 +60,117 @@ def read_json_object(path: Path, what: str, error: type[Exception] = ValueError)
     return data
 
 
+# Bytes per element of each safetensors dtype (the sub-byte float formats are not read by this package).
+SAFETENSORS_ITEM_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2, "U16": 2,
+                          "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "C64": 8}
+MAX_SAFETENSORS_HEADER = 100 * 2**20  # what the safetensors library itself accepts
+
+
+def safetensors_header(fd: int, what: str) -> dict[str, tuple[str, tuple[int, ...], tuple[int, int]]]:
+    """name -> (dtype, shape, (first byte, end byte) in the file) of the safetensors file open as `fd`, read with
+    plain reads (nothing is mapped, so a file larger than the memory or the address space this process may use is
+    listed like any other) and checked as the safetensors library checks it: a JSON object after its 8-byte length,
+    each tensor's bytes as many as its dtype and shape need, the tensors tiling the rest of the file exactly.
+    Raises `ValueError`, one line naming what is wrong (`what` names the file)."""
+    import os
+    import struct
+
+    size = os.fstat(fd).st_size
+
+    def refuse(reason: str):
+        return ValueError(f"{what} is not a readable safetensors file ({reason}); it may be truncated or corrupt.")
+
+    if size < 8:
+        raise refuse(f"{size} bytes, fewer than the 8 of its header's length")
+    length = struct.unpack("<Q", os.pread(fd, 8, 0))[0]
+    if length > min(MAX_SAFETENSORS_HEADER, size - 8):
+        raise refuse(f"a header of {length} bytes in a file of {size}")
+    try:
+        header = parse_json(os.pread(fd, length, 8).decode(), "its header")
+    except (UnicodeDecodeError, ValueError) as problem:
+        raise refuse(" ".join(str(problem).split())) from None
+    if not isinstance(header, dict):
+        raise refuse("its header is not a JSON object")
+    tensors, data = {}, 8 + length
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        fields = entry if isinstance(entry, dict) else {}
+        dtype, shape, offsets = fields.get("dtype"), fields.get("shape"), fields.get("data_offsets")
+        good_shape = isinstance(shape, list) and all(type(n) is int and n >= 0 for n in shape)
+        good_offsets = (isinstance(offsets, list) and len(offsets) == 2 and all(type(n) is int for n in offsets)
+                        and 0 <= offsets[0] <= offsets[1])
+        if dtype not in SAFETENSORS_ITEM_BYTES or not good_shape or not good_offsets:
+            raise refuse(f"tensor {name!r} has dtype {dtype!r}, shape {shape!r} and offsets {offsets!r}")
+        count = 1
+        for n in shape:
+            count *= n
+        if offsets[1] - offsets[0] != count * SAFETENSORS_ITEM_BYTES[dtype]:
+            raise refuse(f"tensor {name!r} of {dtype} {shape} spans {offsets[1] - offsets[0]} bytes, not "
+                         f"{count * SAFETENSORS_ITEM_BYTES[dtype]}")
+        tensors[name] = (dtype, tuple(shape), (data + offsets[0], data + offsets[1]))
+    end = data
+    for name, (_, _, (first, last)) in sorted(tensors.items(), key=lambda item: item[1][2]):
+        if first != end:
+            raise refuse(f"tensor {name!r} starts at byte {first - data} of the data, not {end - data}")
+        end = last
+    if end != size:
+        raise refuse(f"its tensors end at byte {end} of a file of {size} bytes")
+    return tensors
+
+
 def check_safetensors_files(folder: Path, what: str, error: type[Exception] = ValueError) -> None:
     """Refuses (`error`, one line naming the file) a weight file of the model folder `folder` whose safetensors
     header cannot be read or lies about the data: truncated, a dtype or offsets that do not match the bytes. The files
-    are those its index names (`model.safetensors.index.json`), or `model.safetensors`; `what` names the folder."""
-    from safetensors import SafetensorError, safe_open
+    are those its index names (`model.safetensors.index.json`), or `model.safetensors`; `what` names the folder. The
+    headers are read, not mapped (`safetensors_header`)."""
+    import os
+
+    from .identity import resolved
 
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         weight_map = read_json_object(index, f"{what}'s model.safetensors.index.json", error).get("weight_map")
         names = sorted({v for v in weight_map.values() if isinstance(v, str)}) if isinstance(weight_map, dict) else []
     else:
-        names = ["model.safetensors"] if (folder / "model.safetensors").exists() else []
+        single = folder / "model.safetensors"
+        names = ["model.safetensors"] if single.exists() or single.is_symlink() else []
     for name in names:
+        resolved(folder / name, f"{what}: {name}", error)
         if not (folder / name).is_file():
             continue  # Transformers names what is missing
         try:
-            with safe_open(folder / name, framework="pt") as weights:
-                weights.keys()
-        except (SafetensorError, OSError) as problem:
-            raise error(f"{what}: {name} is not a readable safetensors file ({' '.join(str(problem).split())}); it "
-                        "may be truncated or corrupt.") from None
+            fd = os.open(folder / name, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as problem:
+            raise error(f"{what}: {name} cannot be read ({problem.strerror}).") from None
+        try:
+            safetensors_header(fd, f"{what}: {name}")
+        except ValueError as problem:
+            raise error(str(problem)) from None
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def utf8_named(path: str | os.PathLike) -> Iterator[str | os.PathLike]:
+    """`path`, or, where its name is not valid UTF-8 (a name the safetensors library cannot open: it takes Rust
+    strings), another name of the same folder or file that is: `/proc/self/fd/N` of it, opened for as long as the
+    block runs. Elsewhere than on Linux such a name is refused (`ValueError`, one line)."""
+    try:
+        os.fsencode(path).decode("utf-8")
+    except UnicodeDecodeError:
+        pass
+    else:
+        yield path
+        return
+    if not Path("/proc/self/fd").is_dir():
+        raise ValueError(f"{str(path)!r} is not a valid UTF-8 name, which the safetensors library cannot open; "
+                         "rename it.")
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        yield f"/proc/self/fd/{fd}"
+    finally:
+        os.close(fd)
 
 
 # What Transformers' config classes raise on a config.json value of the wrong type (besides their own ValueErrors):

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .staging import claim, say, stale_record
+from .staging import PARTIAL_OWNER_FILE, claim, say, stale_record, unclaimed
 
 SCRATCH_PREFIX = "gated-qwen-"  # TMPDIR/gated-qwen-PURPOSE-XXXXXXXX
 
@@ -26,10 +26,19 @@ def scratch_folder(purpose: str) -> Iterator[Path]:
     for line in clean_stale_scratch():
         if line.startswith("removed"):
             say(line)
-    folder = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{purpose}-"))
     lock = None
+    for attempt in range(3):  # another run's clean_stale_scratch may remove the folder while it is still empty
+        folder = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{purpose}-"))
+        try:
+            lock = claim(folder, {"kind": "scratch"})
+            break
+        except FileNotFoundError:
+            if attempt == 2:
+                raise
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
     try:
-        lock = claim(folder, {"kind": "scratch"})
         _remember_scratch_place(folder.parent)
         yield folder
     finally:
@@ -85,6 +94,14 @@ def clean_stale_scratch(folder: str | os.PathLike | None = None) -> list[str]:
             if entry.is_symlink() or not entry.is_dir():
                 continue
             record, state = stale_record(entry, kinds=("scratch",))
+            if record is None and unclaimed(entry):
+                (entry / PARTIAL_OWNER_FILE).unlink(missing_ok=True)
+                try:
+                    entry.rmdir()  # only if still empty
+                except OSError:
+                    continue
+                actions.append(f"removed the empty scratch folder {entry} (a run stopped before it wrote its owner "
+                               "record)")
             if record is None:
                 continue
             run = f"process {record.get('pid')} on {record.get('host')}"

@@ -22,6 +22,7 @@ from pathlib import Path
 from .identity import OutputError, check_output, name_max, nearest_existing
 
 OWNER_FILE = "owner.json"
+PARTIAL_OWNER_FILE = OWNER_FILE + ".partial"  # the record being written (`claim`)
 OWNER = "gated-qwen"  # the owner record's "by": what makes a folder one of this project's staging folders
 STAGING_NAME = re.compile(r"^\..+\.(?:writing|replaced)-\d+-[^.]*$")
 MKDTEMP_SUFFIX = 8  # the random characters tempfile.mkdtemp appends
@@ -34,16 +35,42 @@ def say(message: str) -> None:
 
 def claim(folder: Path, record: dict) -> int:
     """Writes this project's owner record (`record` with `by`, process and host) into `folder` and returns the
-    descriptor that holds its lock (`flock`, held until it is closed or the process ends)."""
-    lock = os.open(folder / OWNER_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    descriptor that holds its lock (`flock`, held until it is closed or the process ends). The record is written
+    under another name, locked, and renamed into place, so that `owner.json` appears whole and locked; a run killed
+    before leaves its folder empty or holding only the unlocked `PARTIAL_OWNER_FILE` (`unclaimed`)."""
+    partial = folder / PARTIAL_OWNER_FILE
+    lock = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         with os.fdopen(os.dup(lock), "w") as owner:  # closing the copy keeps the lock
             owner.write(json.dumps({"by": OWNER, **record, "pid": os.getpid(), "host": socket.gethostname()}) + "\n")
+        os.rename(partial, folder / OWNER_FILE)
     except BaseException:
         os.close(lock)
         raise
     return lock
+
+
+def unclaimed(folder: Path) -> bool:
+    """Whether `folder` (named as this project's staging folders are) is one that a run killed before its owner
+    record was in place left behind: empty, or holding only the partial record, whose lock no process holds."""
+    try:
+        entries = os.listdir(folder)
+    except OSError:
+        return False
+    if entries != [PARTIAL_OWNER_FILE]:
+        return entries == []
+    try:
+        fd = os.open(folder / PARTIAL_OWNER_FILE, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False  # its run is writing the record right now
+    finally:
+        os.close(fd)
 
 
 class _Staging:
@@ -57,14 +84,19 @@ class _Staging:
         while len(os.fsencode(prefix)) > room and name:  # a staging name that fits whenever the output's does
             name = name[:-1]
             prefix = f".{name}.{kind}-{os.getpid()}-"
-        self.folder = Path(tempfile.mkdtemp(prefix=prefix, dir=target.parent))
-        self.item = self.folder / target.name
         self._lock = None
-        try:
-            self._lock = claim(self.folder, {"kind": kind, "name": target.name})
-        except BaseException:
-            self.remove()
-            raise
+        for attempt in range(3):  # another run's clean_stale may remove the folder while it is still empty
+            self.folder = Path(tempfile.mkdtemp(prefix=prefix, dir=target.parent))
+            self.item = self.folder / target.name
+            try:
+                self._lock = claim(self.folder, {"kind": kind, "name": target.name})
+                break
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
+            except BaseException:
+                self.remove()
+                raise
 
     def remove(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
@@ -125,8 +157,18 @@ def clean_stale(path: str | os.PathLike, inside: bool = False) -> list[str]:
             if not STAGING_NAME.match(entry.name) or entry.is_symlink() or not entry.is_dir():
                 continue
             record, state = stale_record(entry)
+            ours = name is None or entry.name.startswith(f".{name}.")
+            if record is None and ours and unclaimed(entry):
+                (entry / PARTIAL_OWNER_FILE).unlink(missing_ok=True)
+                try:
+                    entry.rmdir()  # only if still empty
+                except OSError:
+                    continue
+                actions.append(f"removed the empty staging folder {entry} (a run stopped before it wrote its owner "
+                               "record)")
+                continue
             if record is None:
-                if name is None or entry.name.startswith(f".{name}."):
+                if ours:
                     actions.append(f"left {entry} alone: {state}, so it is not a staging folder of this project")
                 continue
             if name is not None and record["name"] != name:

@@ -95,9 +95,41 @@ hand.
 """
 
 
+def check_replaceable(out) -> None:
+    """Refuses (`OutputError`, one line) an existing `out` that this did not write: a link (say to a user's clone of
+    the published repository), or a folder holding anything but a build's files (README.md and build/VARIANT/: its
+    metadata.json naming this kernel, the module's `*.py` and the `__pycache__` an import leaves). An empty folder or
+    a new path passes: what is replaced is only ever a build of this kernel."""
+    path = Path(out)
+    shown = f"OUT {str(out)!r}"
+    if path.is_symlink():
+        raise OutputError(f"{shown} is a link (to {str(path.readlink())!r}); the kernel repository is written only "
+                          "into a folder of its own, new or written by it before. Remove the link or choose another "
+                          "path.")
+    if not path.is_dir() or not any(path.iterdir()):
+        return  # new, empty, or not a folder (which output_folder refuses)
+    variant, module = Path("build", VARIANT), Path("build", VARIANT, PACKAGE)
+    ours = {Path("README.md"), Path("build"), variant, variant / "metadata.json", module}
+    for entry in sorted(path.rglob("*")):
+        name = entry.relative_to(path)
+        if name in ours or (name.parent == module and name.suffix == ".py" and not entry.is_symlink()) or (
+                "__pycache__" in name.parts and name.parts[:3] == module.parts):
+            continue
+        raise OutputError(f"{shown} holds {str(name)!r}, which the kernel repository's build does not write; it "
+                          "replaces only a folder it wrote before. Move that folder away or choose another path.")
+    try:
+        written_by = json.loads((path / variant / "metadata.json").read_text()).get("name")
+    except (OSError, ValueError, AttributeError):
+        written_by = None
+    if written_by != KERNEL_NAME:
+        raise OutputError(f"{shown} is not a build of {KERNEL_NAME} (its {variant}/metadata.json does not name it); "
+                          "it replaces only a folder it wrote before. Move that folder away or choose another path.")
+
+
 def write_kernel_repo(out, *, overwrite: bool = False, source: Path = KERNEL_SOURCE) -> Path:
     """Writes the kernel repository to the new folder `out` (whole or not at all; an existing one is replaced only
-    with `overwrite`) and returns its path."""
+    with `overwrite`, and only when it is a build of this kernel, `check_replaceable`) and returns its path."""
+    check_replaceable(out)
     sources = kernel_sources(source)
     digest = source_digest(sources)
     with output_folder(out, inputs=[source], overwrite=overwrite, create_parents=True, label="OUT") as folder:
@@ -115,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
                                      description="Writes the Hub kernel repository (the layout `kernels` loads) "
                                                  "generated from src/gated_qwen/kernel/.")
     parser.add_argument("out", metavar="OUT", help="the folder to write (e.g. build/kernel-repo)")
-    parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace OUT if it exists and is a build of this kernel (nothing else is replaced)")
     args = parser.parse_args(argv)
     try:
         path = write_kernel_repo(args.out, overwrite=args.overwrite)

@@ -114,6 +114,21 @@ def fused_attention(config: GatedQwenConfig) -> str | None:
     return FUSED_ATTENTION if runs_by_default is not None and runs_by_default(config) else None
 
 
+def refuse_unexpected_gates(model: PreTrainedModel, info: dict) -> None:
+    """Refuses a loaded model whose loading `info` says the checkpoint holds a gate tensor of a layer its config has
+    no gate in (the mirror of a missing gate: Transformers would drop it, and the model compute another function than
+    the one saved), naming the tensor and the config field."""
+    extra = sorted(name for name in info["unexpected_keys"] if ".self_attn.gate." in name)
+    if extra:
+        config = model.config
+        field = "gate_position=None" if config.gate_position is None else f"gate_layers={config.gate_layers}"
+        raise ValueError(
+            f"the checkpoint holds {extra[0]}" + (f" (and {len(extra) - 1} more gate tensors)" if len(extra) > 1
+                                                   else "")
+            + f", a gate its config does not have ({field}); refusing to drop it. Load the folder with the config it "
+            "was saved with.")
+
+
 def refuse_unloaded_tensors(model: PreTrainedModel, info: dict, allows_mismatch: bool) -> None:
     """Refuses a loaded model whose loading `info` (`from_pretrained(..., output_loading_info=True)`) says a gate
     tensor was missing or of another shape, or (unless `allows_mismatch`) any tensor of another shape, naming it."""
@@ -321,8 +336,8 @@ class GatedQwenPreTrainedModel(PreTrainedModel):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
-        """Transformers' `from_pretrained`, which refuses a checkpoint that lacks a gate tensor its config has, or
-        holds one of another shape (even with `ignore_mismatched_sizes=True`), rather than starting that gate at
+        """Transformers' `from_pretrained`, which refuses a checkpoint that lacks a gate tensor its config has,
+        holds one its config does not have, or holds one of another shape (even with `ignore_mismatched_sizes=True`), rather than starting that gate at
         random (Transformers' own answer is a "newly initialized" warning), and any other tensor of another shape
         unless `ignore_mismatched_sizes=True`: one error naming the tensor. The gated_qwen package replaces
         `_read_pretrained` to also read other checkpoint formats; this check holds for both."""
@@ -333,6 +348,7 @@ class GatedQwenPreTrainedModel(PreTrainedModel):
         kwargs.update(output_loading_info=True, ignore_mismatched_sizes=True)
         model, info = cls._read_pretrained(pretrained_model_name_or_path, *args, **kwargs)
         refuse_unloaded_tensors(model, info, allows_mismatch)
+        refuse_unexpected_gates(model, info)
         return (model, info) if wants_info else model
 
     @classmethod
