@@ -30,7 +30,7 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "GPU.md"]
 # Pages whose examples take more than ~20 s of CPU (they run in `make test`, not in `make test-fast`).
 SLOW_PAGES = {"docs/analysis.md", "docs/kernel.md", "docs/conversion.md", "docs/moe.md"}
 # A net for a page whose examples hang, never the verdict on a slow machine: the slowest page (docs/analysis.md) takes
