@@ -1,4 +1,4 @@
-# Each target sets up what it needs from the locks in requirements/. `make help` lists them.
+# Each target sets up what it needs from requirements/*.lock. `make help` lists them.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -104,8 +104,8 @@ SITE := .venv-compat/device-site
 KSITE := .venv-compat/kernels-site
 SRC := $(abspath src)
 KERNEL_TESTS := tests/kernel/test_triton_kernel.py tests/integrations/test_gated_triton.py \
-	tests/kernel/test_kernel_selfcheck.py tests/kernel/test_kernel_aot.py tests/kernel/test_gpu_check.py \
-	tests/kernel/test_gpu_check_device.py tests/integrations/test_kernel_hub.py
+	tests/kernel/test_kernel_selfcheck.py tests/kernel/test_kernel_choice.py tests/kernel/test_kernel_aot.py \
+	tests/kernel/test_gpu_check.py tests/kernel/test_gpu_check_device.py tests/integrations/test_kernel_hub.py
 define compat_TESTS
 rm -rf $(SITE) $(KSITE)
 $(call PIP,.venv-compat) --no-index --no-deps --target $(SITE) $(DW)/*.whl $(QUIET)
@@ -149,11 +149,11 @@ llama_IMPORTS = import llama_cpp, gguf, gated_qwen; assert llama_cpp.__version__
 $(LL)/wheels/.built-%:
 	$(SH) requirements/llama_wheel.sh $*
 
-## test-mlx          mlx-lm (CPU backend) against Transformers
+## test-mlx          mlx-lm against Transformers
 mlx_LOCKS = requirements/cpu.lock requirements/mlx.lock
 mlx_IMPORTS = import mlx.core, mlx_lm, gated_qwen
 
-## test-onnx         ONNX Runtime, Optimum and Transformers.js against Transformers
+## test-onnx         ONNX Runtime, Optimum, Transformers.js against Transformers
 onnx_LOCKS = requirements/cpu.lock requirements/onnx.lock
 onnx_IMPORTS = import onnx, onnxruntime, onnxruntime.quantization, gated_qwen
 onnx_ENV = GATED_QWEN_OPTIMUM_PYTHON=$(CURDIR)/.venv-optimum/bin/python
