@@ -32,13 +32,13 @@ $(STAMP): $(LOCK) pyproject.toml Makefile
 	$(PY) -c "$(IMPORTS)"
 	touch $(STAMP)
 
-## test              the suite in .venv but the tests marked compat
+## test              the suite but the tests marked slow or compat
 test: $(STAMP)
-	$(call PYTEST,$(VENV)) -m "not compat"
-
-## test-fast         the same less the tests marked slow
-test-fast: $(STAMP)
 	$(call PYTEST,$(VENV)) -m "not slow and not compat"
+
+## test-slow         the tests marked slow
+test-slow: $(STAMP)
+	$(call PYTEST,$(VENV)) -m "slow and not compat"
 
 ## test-latest       the suite with the newest releases pyproject.toml allows
 LATEST := .venv-latest
@@ -64,7 +64,7 @@ demo: $(STAMP)
 confirm: $(STAMP)
 	$(VENV)/bin/gated-qwen reproduce --preset confirm $(if $(JOBS),--jobs $(JOBS)) --out runs/confirm-$(NOW)
 
-## gpu-check         on a CUDA GPU: the kernel's correctness and speed (benchmarks/GPU.md)
+## gpu-check         the kernel's correctness and speed on a CUDA GPU
 gpu-check: $(STAMP)
 	$(PY) benchmarks/gpu_check.py --out runs/gpu-check-$(NOW)
 
@@ -72,14 +72,14 @@ gpu-check: $(STAMP)
 kernel-repo: $(STAMP)
 	$(PY) -m gated_qwen.integrations.kernel_hub build/kernel-repo --overwrite
 
-## device-wheels     the wheels the GPU machine lacks (benchmarks/GPU.md)
+## device-wheels     the wheels the GPU machine lacks
 DW := .device-wheels
 device-wheels: $(DW)/.complete
 $(DW)/.complete: requirements/device-wheels.txt benchmarks/device_wheels.sh
 	$(SH) benchmarks/device_wheels.sh $(DW)
 
 # .venv-NAME: NAME_VENV, pip NAME_PIP -r NAME_LOCKS NAME_FLAGS, NAME_SETUP, the package (unless NAME_BARE), a check
-# of NAME_IMPORTS. test-NAME: NAME_TESTS, or NAME_ENV pytest tests/NAME.
+# of NAME_IMPORTS. test-NAME: NAME_TESTS, or NAME_ENV pytest tests/engine_NAME.
 define ENVIRONMENT
 .venv-$(1)/.installed: $$($(1)_LOCKS) $$(if $$($(1)_BARE),,pyproject.toml Makefile) $$($(1)_NEEDS)
 	$$(or $$($(1)_VENV),test -x .venv-$(1)/bin/python || $$(PYTHON) -m venv .venv-$(1))
@@ -91,7 +91,7 @@ define ENVIRONMENT
 endef
 define TESTS
 test-$(1): $$(or $$($(1)_TEST_NEEDS),.venv-$(1)/.installed)
-	$$(or $$($(1)_TESTS),$$($(1)_ENV) $$(call RUN_PYTEST,.venv-$(1)) tests/$(1))
+	$$(or $$($(1)_TESTS),$$($(1)_ENV) $$(call RUN_PYTEST,.venv-$(1)) tests/engine_$(1))
 endef
 
 ## test-compat       the kernel's tests in the GPU machine's image, on this CPU
@@ -162,9 +162,9 @@ onnx_TEST_NEEDS = .venv-onnx/.installed .venv-optimum/.installed $(JS)
 optimum_LOCKS = requirements/optimum.lock
 optimum_BARE = 1
 optimum_IMPORTS = import optimum.onnxruntime, transformers; assert transformers.__version__ == '4.57.6'
-JS := tests/onnx/js/node_modules/.installed
-$(JS): tests/onnx/js/package-lock.json
-	cd tests/onnx/js && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
+JS := tests/engine_onnx/js/node_modules/.installed
+$(JS): tests/engine_onnx/js/package-lock.json
+	cd tests/engine_onnx/js && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
 	touch $(JS)
 
 $(foreach e,compat serving distributed llama mlx onnx optimum,$(eval $(call ENVIRONMENT,$(e))))
@@ -188,4 +188,4 @@ lock lock-serving lock-distributed:
 ## clean             removes environments and builds
 clean:
 	rm -rf $(VENV) $(LATEST) .venv-tools .venv-serving .venv-compat .venv-distributed $(LL) .venv-mlx .venv-onnx \
-		.venv-optimum tests/onnx/js/node_modules $(DW) build src/*.egg-info .pytest_cache .hypothesis
+		.venv-optimum tests/engine_onnx/js/node_modules $(DW) build src/*.egg-info .pytest_cache .hypothesis
