@@ -30,7 +30,7 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "GPU.md"]
 # Pages whose examples take more than ~20 s of CPU (marked slow: `make test-slow` runs them, `make test` does not).
 SLOW_PAGES = {"docs/analysis.md", "docs/kernel.md", "docs/conversion.md", "docs/moe.md", "docs/local.md",
               "docs/loading.md"}

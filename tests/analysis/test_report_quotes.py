@@ -3,7 +3,9 @@
 `<!-- quotes: FILE[: NAMES] -->` marker is that report's table (of those rows) exactly as
 `miniature.verdicts.directions_table` renders it (`benchmarks/reproduce/quote.py` writes it), every
 "`name` **verdict**" in the text says the raw verdict of the report whose marker came last and every
-"`name` Holm **verdict**" its verdict under Holm's correction (a verdict before any marker fails). And each committed
+"`name` Holm **verdict**" its verdict under Holm's correction (a verdict before any marker fails); a
+`<!-- verdicts: FILE -->` marker names the report of the verdicts after it without quoting its table (README.md's
+paragraph). And each committed
 verdict, raw and corrected, follows from the committed per-seed numbers by the rules of `stats`, with the rows as
 `directions.py` declares them; each report names the commit of the rows it ran (and they were committed in a clean
 tree), and the confirmatory run's evidence seeds are seeds the demo never reports."""
@@ -28,6 +30,7 @@ PAGES = ("README.md", "docs/analysis.md", "benchmarks/RESULTS.md")
 VERDICT = r"(yes|no|inconclusive|not testable here)"
 INLINE = re.compile(rf"`([a-z0-9/.\-]+)` \*\*{VERDICT}\*\*")
 INLINE_HOLM = re.compile(rf"`([a-z0-9/.\-]+)` Holm \*\*{VERDICT}\*\*")
+VERDICTS_OF = re.compile(r"<!-- verdicts: (\S+) -->")
 
 
 def report(name: str) -> dict:
@@ -126,6 +129,9 @@ def test_the_pages_quote_the_committed_reports_word_for_word(page):
             after = lines[number + len(wanted)] if number + len(wanted) < len(lines) else ""
             assert table == wanted and not after.startswith("|"), f"{page}:{number}: not the table of {source}"
             quoted += len(table) - 2
+        elif marker := VERDICTS_OF.search(line):
+            source = marker[1]
+            assert source in REPORTS, f"{page}:{number}: names {source}, not a committed report"
         for pattern, verdict_of in ((INLINE, lambda d: d["verdict"]), (INLINE_HOLM, lambda d: d["adjusted"]["holm"])):
             for name, verdict in pattern.findall(line):
                 assert source is not None, f"{page}:{number}: `{name}` **{verdict}** quotes no report (no marker above)"
