@@ -101,7 +101,8 @@ def _comparison(row: Direction) -> str:
                 f"paper's side: {row.variant} fails {'less' if row.side == 'below' else 'more'} often")
     number = row.variant if row.against is None else (
         f"{row.variant} - {row.against}" if row.comparison == "difference" else f"{row.variant} / {row.against}")
-    return f"{number} of {row.metric} at {rate}; the paper's side: {row.side} {row.threshold:.4g}"
+    whose = "the claim's side (the paper's opposite)" if row.opposite else "the paper's side"
+    return f"{number} of {row.metric} at {rate}; {whose}: {row.side} {row.threshold:.4g}"
 
 
 def _trained(row: Direction, family: dict) -> bool:
