@@ -206,14 +206,17 @@ def run(families: list[str], out: Path, jobs: int, candidates: list[str] | None 
             print(json.dumps(row), flush=True)
 
 
-def run_rule(family: str, out: Path, jobs: int) -> None:
+def run_rule(family: str, out: Path, jobs: int, only: list[str] | None = None) -> None:
     """Issue 47's searches: runs each undecided candidate's seeds in order, `jobs` at a time, until the rule has
-    chosen a candidate or every candidate has failed (runs already in `out` count and are not repeated)."""
-    candidates = {name: (preset, tuning) for name, preset, _, _, tuning in FAMILIES[family]()}
-    rows = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+    chosen a candidate or every candidate has failed. The runs in `out` count and are not repeated, also those that
+    another search process appends meanwhile (`only`: the candidates this process runs, by their first word; the
+    rule still reads every candidate's runs)."""
+    candidates = {name: (preset, tuning) for name, preset, _, _, tuning in FAMILIES[family]()
+                  if only is None or name.split()[0] in only}
     running = {}
     with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
         while True:
+            rows = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
             found = decisions(family, rows)
             settled = chosen(family, rows) is not None or all(v == "fails" for v in found.values())
             started = {(name, seed) for name, seed in running.values()}
@@ -236,10 +239,10 @@ def run_rule(family: str, out: Path, jobs: int) -> None:
             for future in finished:
                 running.pop(future)
                 row = future.result()
-                rows.append(row)
                 with out.open("a") as handle:
                     handle.write(json.dumps(row) + "\n")
                 print(json.dumps(row), flush=True)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
     print(f"{family}: {decisions(family, rows)}; chosen: {chosen(family, rows)}", flush=True)
 
 
@@ -276,7 +279,7 @@ def main() -> int:
         return 0
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for family in [f for f in args.families if f in CHECKS]:
-        run_rule(family, args.out, args.jobs)
+        run_rule(family, args.out, args.jobs, args.candidates)
     if other := [f for f in args.families if f not in CHECKS]:
         run(other, args.out, args.jobs, args.candidates, args.variants, args.seeds)
     print(table(args.out))
