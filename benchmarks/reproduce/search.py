@@ -34,6 +34,11 @@ as soon as it is decided (5 passes, or 2 failures); a later candidate runs only 
   256 contexts instead of 4096); U2, 32 tokens x 4 successors at 2000 steps. A candidate that passes says only that
   the models learn it: whether table 1's comparisons fit the confirmatory run's budget at its spread needs the five
   variants on the same seeds, a further step. None passing: table 1's rows are not testable here.
+- table1-spread: that further step, declared once U1 had passed (on all six seeds): U1's five variants on the same
+  six tuning seeds. For each table-1 comparison, the seeds on the paper's side give the seeds the row would need
+  (benchmarks/reproduce/power.py's rule: 80% power at Holm's level over 56 rows, chance k/6 to (k+1)/8); table 1 is
+  testable in the confirmatory run only if each comparison's count fits its budget (about 2 hours of 2 cores with
+  the other families: at ~15 CPU-seconds a model, at most about 40 seeds of five variants beside them).
 """
 
 from __future__ import annotations
@@ -132,8 +137,13 @@ def _table1_learned():
     )]
 
 
+def _table1_spread():
+    name, preset, _, rates, seeds = _table1_learned()[0]
+    return [(name, preset, ("baseline", "g1-elementwise", "g1-headwise", "g2-value", "g5-dense"), rates, seeds)]
+
+
 FAMILIES = {"table1": _table1, "deep-sink": _deep_sink, "mact": _mact, "stability": _stability, "long": _long,
-            "deep-sink-6": _deep_sink_six, "table1-learned": _table1_learned}
+            "deep-sink-6": _deep_sink_six, "table1-learned": _table1_learned, "table1-spread": _table1_spread}
 # The checks of issue 47's searches, on one run's set-up numbers (`summary`).
 CHECKS = {"deep-sink-6": lambda row: row["f_attn_max_head"] > 0.5,
           "table1-learned": lambda row: row["heldout_loss"] - row["floor"] < 0.1}
