@@ -131,8 +131,9 @@ NO_DEEP = ("deep", "no set-up had a baseline with a per-head sink on at least 5 
            "declared (issue 36's choice held one on seeds 2-3 only; search.py deep-sink-6, benchmarks/RESULTS.md)")
 NO_TABLE1 = ("table1", "underpowered: at the per-seed spread of seeds 30-41, 80% power for Holm's correction needs "
              "34-51 seeds for G1 vs G5, 157-209 for G1 headwise vs G2 and no number for G1 or G2 vs the baseline "
-             "(as many seeds each way), beyond the run's budget; no corpus the models learn was chosen on 5 of 6 "
-             "tuning seeds (docs/analysis.md)")
+             "(as many seeds each way); on a corpus the models learn (trigram 16 x 4, chosen on 6 of 6 tuning "
+             "seeds) G1 headwise vs G2 split 3-3 on the tuning seeds, so not every comparison fits the run's budget "
+             "(search.py table1-spread, docs/analysis.md)")
 
 _SMOKE = Preset(hidden_size=32, head_dim=32, intermediate_size=64, seq_len=24, batch_size=4, steps=6, seeds=(0,),
                 eval_documents=4, analysis_documents=2, extrapolation=(1, 2), extrapolation_documents=2)
