@@ -20,6 +20,25 @@ Families and their rules:
   standard-rate loss on the same seed plus 0.1 nats); none otherwise.
 - long: a long-context baseline that recalls at its training length (256 tokens). Rule: the first candidate whose
   baseline's recall at the training length is above 0.9 on seed 2, then kept if baseline and G1 both are on seed 3.
+
+The searches of issue 47 (a set-up is chosen on enough seeds): each candidate's baseline alone, on the six tuning
+seeds 2-7; a candidate passes when its baseline passes the family's check on at least 5 of the 6 (`AT_LEAST`), and
+the rule picks the first candidate, in the order declared, that passes. Seeds run in order, and a candidate stops
+as soon as it is decided (5 passes, or 2 failures); a later candidate runs only while no earlier one has passed.
+- deep-sink-6: the sink in a deeper model, judged per head. Check: a head of the baseline (any layer) with F-Attn
+  above 0.5. Candidates: K1, issue 36's choice (D3: 4 layers of 4 heads of 16, 64 tokens), whose seeds 2 and 3
+  passed (0.713, 0.537); K2 the same with QK-norm (the paper's architecture); K3 6 layers; K4 4 layers at 128 tokens.
+  None passing: the family is not testable here.
+- table1-learned: a corpus table 1's models learn. Check: the baseline's held-out loss within 0.1 nats of the
+  corpus's exact entropy floor. Candidates: U1, T1's model on a smaller trigram corpus (16 tokens x 4 successors:
+  256 contexts instead of 4096); U2, 32 tokens x 4 successors at 2000 steps. A candidate that passes says only that
+  the models learn it: whether table 1's comparisons fit the confirmatory run's budget at its spread needs the five
+  variants on the same seeds, a further step. None passing: table 1's rows are not testable here.
+- table1-spread: that further step, declared once U1 had passed (on all six seeds): U1's five variants on the same
+  six tuning seeds. For each table-1 comparison, the seeds on the paper's side give the seeds the row would need
+  (benchmarks/reproduce/power.py's rule: 80% power at Holm's level over 56 rows, chance k/6 to (k+1)/8); table 1 is
+  testable in the confirmatory run only if each comparison's count fits its budget (about 2 hours of 2 cores with
+  the other families: at ~15 CPU-seconds a model, at most about 40 seeds of five variants beside them).
 """
 
 from __future__ import annotations
@@ -29,7 +48,7 @@ import json
 import math
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, as_completed, wait
 from dataclasses import replace
 from multiprocessing import get_context
 from pathlib import Path
@@ -95,7 +114,62 @@ def _long():
     )]
 
 
-FAMILIES = {"table1": _table1, "deep-sink": _deep_sink, "mact": _mact, "stability": _stability, "long": _long}
+SIX = tuple(range(2, 8))  # issue 47's tuning seeds: a candidate passes on at least AT_LEAST of them
+AT_LEAST = 5
+
+
+def _deep_sink_six():
+    model = dict(num_attention_heads=4, num_key_value_heads=4, head_dim=16, num_hidden_layers=4, seq_len=64, **EXTRA)
+    return [(name, replace(MAIN, **{**model, **extra}), ("baseline",), (1e-2,), SIX) for name, extra in (
+        ("K1 4 layers, 64 tokens (issue 36's D3)", {}),
+        ("K2 4 layers, 64 tokens, QK-norm", dict(use_qk_norm=True)),
+        ("K3 6 layers, 64 tokens", dict(num_hidden_layers=6)),
+        ("K4 4 layers, 128 tokens", dict(seq_len=128)),
+    )]
+
+
+def _table1_learned():
+    model = dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, seq_len=32,
+                 steps=1000, **EXTRA)
+    return [(name, replace(MAIN, **{**model, **extra}), ("baseline",), (1e-2,), SIX) for name, extra in (
+        ("U1 trigram V16 S4, 2 layers, 32 tokens, 1000 steps", dict(language=data.TrigramLanguage(16, 4))),
+        ("U2 trigram V32 S4, 2000 steps", dict(language=data.TrigramLanguage(32, 4), steps=2000)),
+    )]
+
+
+def _table1_spread():
+    name, preset, _, rates, seeds = _table1_learned()[0]
+    return [(name, preset, ("baseline", "g1-elementwise", "g1-headwise", "g2-value", "g5-dense"), rates, seeds)]
+
+
+FAMILIES = {"table1": _table1, "deep-sink": _deep_sink, "mact": _mact, "stability": _stability, "long": _long,
+            "deep-sink-6": _deep_sink_six, "table1-learned": _table1_learned, "table1-spread": _table1_spread}
+# The checks of issue 47's searches, on one run's set-up numbers (`summary`).
+CHECKS = {"deep-sink-6": lambda row: row["f_attn_max_head"] > 0.5,
+          "table1-learned": lambda row: row["heldout_loss"] - row["floor"] < 0.1}
+
+
+def decision(rows: list[dict], check, seeds: tuple[int, ...]) -> str | None:
+    """"passes" (the check holds on AT_LEAST of `seeds`), "fails" (it can no longer) or None (undecided)."""
+    passed = sum(bool(check(row)) for row in rows)
+    if passed >= AT_LEAST:
+        return "passes"
+    return "fails" if len(rows) - passed > len(seeds) - AT_LEAST else None
+
+
+def decisions(family: str, rows: list[dict]) -> dict[str, str | None]:
+    """Each candidate's decision, in the order declared, from the runs in `rows`."""
+    return {name: decision([r for r in rows if r["candidate"] == name], CHECKS[family], tuning)
+            for name, _, _, _, tuning in FAMILIES[family]()}
+
+
+def chosen(family: str, rows: list[dict]) -> str | None:
+    """The rule's choice: the first candidate that passes once every earlier one has failed; None while none has
+    (or while an earlier one is undecided)."""
+    for name, found in decisions(family, rows).items():
+        if found != "fails":
+            return name if found == "passes" else None
+    return None
 
 
 def summary(family: str, candidate: str, result: dict, preset) -> dict:
@@ -142,6 +216,46 @@ def run(families: list[str], out: Path, jobs: int, candidates: list[str] | None 
             print(json.dumps(row), flush=True)
 
 
+def run_rule(family: str, out: Path, jobs: int, only: list[str] | None = None) -> None:
+    """Issue 47's searches: runs each undecided candidate's seeds in order, `jobs` at a time, until the rule has
+    chosen a candidate or every candidate has failed. The runs in `out` count and are not repeated, also those that
+    another search process appends meanwhile (`only`: the candidates this process runs, by their first word; the
+    rule still reads every candidate's runs)."""
+    candidates = {name: (preset, tuning) for name, preset, _, _, tuning in FAMILIES[family]()
+                  if only is None or name.split()[0] in only}
+    running = {}
+    with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
+        while True:
+            rows = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+            found = decisions(family, rows)
+            settled = chosen(family, rows) is not None or all(v == "fails" for v in found.values())
+            started = {(name, seed) for name, seed in running.values()}
+            ran = {(r["candidate"], r["seed"]) for r in rows}
+            for name, (preset, tuning) in candidates.items():
+                if settled or found[name] == "passes":
+                    break  # no candidate after one that passed runs
+                if found[name] == "fails":
+                    continue
+                for seed in tuning:
+                    if len(running) < jobs and (name, seed) not in ran | started:
+                        future = pool.submit(_run, (family, name, preset, "baseline", 1e-2, seed))
+                        running[future] = (name, seed)
+                        started.add((name, seed))
+                if found[name] != "fails" and len(running) >= jobs:
+                    break  # a later candidate waits while an earlier one may still pass
+            if not running:
+                break
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                running.pop(future)
+                row = future.result()
+                with out.open("a") as handle:
+                    handle.write(json.dumps(row) + "\n")
+                print(json.dumps(row), flush=True)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    print(f"{family}: {decisions(family, rows)}; chosen: {chosen(family, rows)}", flush=True)
+
+
 def _fmt(x) -> str:
     return "–" if x is None else f"{x:.3g}" if isinstance(x, float) and math.isfinite(x) else str(x)
 
@@ -174,7 +288,10 @@ def main() -> int:
         print(table(args.table))
         return 0
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    run(args.families, args.out, args.jobs, args.candidates, args.variants, args.seeds)
+    for family in [f for f in args.families if f in CHECKS]:
+        run_rule(family, args.out, args.jobs, args.candidates)
+    if other := [f for f in args.families if f not in CHECKS]:
+        run(other, args.out, args.jobs, args.candidates, args.variants, args.seeds)
     print(table(args.out))
     return 0
 

@@ -120,6 +120,23 @@ def test_the_deeper_model_is_judged_on_its_largest_head():
     assert METRICS["F-Attn"].value(runs[0]) == 0.2 and METRICS["largest head's F-Attn"].value(runs[0]) == 0.9
 
 
+def test_the_four_layer_row_is_g1s_own_largest_head_and_says_it_claims_the_paper_s_opposite():
+    """G1's largest head holds 0.7 on ten seeds of twelve and 0.2 on two (as on seeds 30-41): the interval of the
+    median runs from the 3rd smallest to the 3rd largest, 0.7 to 0.7, above 0.3, so the reverse finding says yes;
+    on six seeds each way it cannot. The baseline is not read (the row needs no baseline sink)."""
+    seeds = list(range(120, 132))
+    heads = lambda top: [[0.1, 0.1, 0.1, 0.1], [top, 0.1, 0.1, 0.1]]  # noqa: E731
+    g1 = [run("g1-elementwise", s, f_attn=0.2, heads=heads(0.2 if s in (124, 131) else 0.7)) for s in seeds]
+    judged, _ = judge({"four-layer": family(g1, seeds)})
+    assert [d["name"] for d in judged] == ["four-layer/g1-sink"]
+    g1_sink = judged[0]
+    assert [e["value"] for e in g1_sink["per_seed"].values()] == [0.2 if s in (124, 131) else 0.7 for s in seeds]
+    assert g1_sink["verdict"] == "yes" and g1_sink["interval"]["low"] == 0.7 and g1_sink["p"] == 2 * 79 / 4096
+    assert g1_sink["comparison"].endswith("the claim's side (the paper's opposite): above 0.3")
+    half = [run("g1-elementwise", s, heads=heads(0.2 if s % 2 else 0.7)) for s in seeds]
+    assert judge({"four-layer": family(half, seeds)})[0][0]["verdict"] == "inconclusive"
+
+
 def test_the_m_act_model_is_judged_at_the_first_token_of_its_non_final_layers():
     seeds = list(range(10, 22))
     runs = [run("baseline", s, m_act=500.0, first=300.0 + s, other=40.0, heads=[[0.8, 0.1]]) for s in seeds]

@@ -3,9 +3,9 @@
 `<!-- quotes: FILE[: NAMES] -->` marker is that report's table (of those rows) exactly as
 `miniature.verdicts.directions_table` renders it (`benchmarks/reproduce/quote.py` writes it), every
 "`name` **verdict**" in the text says the raw verdict of the report whose marker came last and every
-"`name` Holm **verdict**" its verdict under Holm's correction (a verdict before any marker fails); a
-`<!-- verdicts: FILE -->` marker names the report of the verdicts after it without quoting its table (README.md's
-paragraph). And each committed
+"`name` Holm **verdict**" its verdict under Holm's correction (a verdict before any marker fails), and "`name`
+**pending**" a row declared after that report's run (`pending`); a `<!-- verdicts: FILE -->` marker names the report
+of the verdicts after it without quoting its table (README.md's paragraph). And each committed
 verdict, raw and corrected, follows from the committed per-seed numbers by the rules of `stats`, with the rows as
 `directions.py` declares them; each report names the commit of the rows it ran (and they were committed in a clean
 tree), and the confirmatory run's evidence seeds are seeds the demo never reports."""
@@ -31,6 +31,7 @@ VERDICT = r"(yes|no|inconclusive|not testable here)"
 INLINE = re.compile(rf"`([a-z0-9/.\-]+)` \*\*{VERDICT}\*\*")
 INLINE_HOLM = re.compile(rf"`([a-z0-9/.\-]+)` Holm \*\*{VERDICT}\*\*")
 VERDICTS_OF = re.compile(r"<!-- verdicts: (\S+) -->")
+INLINE_PENDING = re.compile(r"`([a-z0-9/.\-]+)` \*\*pending\*\*")
 
 
 def report(name: str) -> dict:
@@ -88,23 +89,39 @@ def test_each_committed_verdict_follows_from_its_per_seed_numbers(name):
                                                else None), entry["name"]
 
 
+def pending(name: str) -> set[str]:
+    """The rows the checkout declares that the report neither judged nor listed as not run: rows declared after the
+    report's run, waiting for the next run of its preset."""
+    held = {entry["name"] for entry in report(name)["directions"]} | set(report(name)["not_run"])
+    return {row.name for row in DIRECTIONS} - held
+
+
 @pytest.mark.parametrize("name", REPORTS)
 def test_each_report_names_the_committed_rows_it_ran(name):
     """The rows were committed, in a clean tree, before the run (`meta.directions_commit`, the last commit of
-    directions.py as run), and the file as run is this checkout's, byte for byte: a row changed after the run fails
-    here until a new run (on new evidence seeds) replaces the report."""
+    directions.py as run). Either the file as run is this checkout's, byte for byte, or the checkout has only added
+    rows since (pending: declared before the run that will judge them) and declares every row the report judged
+    exactly as it was run: a row changed after the run fails here until a new run (on new evidence seeds) replaces
+    the report."""
     import datetime
     import hashlib
 
     from gated_qwen.analysis.miniature import directions
+    from gated_qwen.analysis.miniature.judge import declared
 
     meta = report(name)["meta"]
     assert len(meta["directions_commit"]) == 40 and meta["directions_file_clean"] is True
     assert datetime.datetime.fromisoformat(meta["directions_commit_date"]) < datetime.datetime.fromisoformat(
         meta["started_at"]), "the rows were committed after the run started"
     assert meta["tree_clean"] is True, f"{name} was run from a working tree with uncommitted changes"
-    assert hashlib.sha256(Path(directions.__file__).read_bytes()).hexdigest() == meta["directions_sha256"], (
-        f"directions.py changed since {name} was run")
+    rows = {row.name: row for row in DIRECTIONS}
+    for entry in report(name)["directions"]:
+        as_declared = declared(rows[entry["name"]])
+        assert {key: entry[key] for key in as_declared} == as_declared, f"{entry['name']} changed since {name} was run"
+    if hashlib.sha256(Path(directions.__file__).read_bytes()).hexdigest() == meta["directions_sha256"]:
+        assert not pending(name), name
+    else:
+        assert pending(name), f"directions.py changed since {name} was run, and not by adding rows"
 
 
 def test_the_confirmatory_evidence_is_fresh():
@@ -139,4 +156,7 @@ def test_the_pages_quote_the_committed_reports_word_for_word(page):
                 assert row is not None and verdict_of(row) == verdict, f"{page}:{number}: `{name}` is not {verdict} " \
                                                                        f"in {source}"
                 quoted += 1
+        for name in INLINE_PENDING.findall(line):
+            assert source is not None and name in pending(source), f"{page}:{number}: `{name}` is not pending in " \
+                                                                    f"{source}"
     assert quoted, f"{page} quotes no verdict"

@@ -8,7 +8,9 @@ variant's own number), how the pair becomes one number per seed (`comparison`: "
 "ratio", variant / against), the `threshold` that number is held against, the side of it the paper's claim puts the
 number on (`side`: "above" or "below") and the learning rate(s) of the runs ("standard", "high", or ("high",
 "standard"): the change from the standard rate to the high one). `requires` names set-up rows: unless each of them
-is "yes", the row is "not testable here" (the mechanism it rests on is absent).
+is "yes", the row is "not testable here" (the mechanism it rests on is absent). A row that claims the paper's
+opposite, a finding of an earlier run stated before the fresh seeds that judge it, says so (`opposite`): its `side`
+is its claim's.
 
 `test` says how the per-seed numbers are judged: "sign" (the exact sign test's interval for their median, against
 `threshold`) or "mcnemar" (a failure rate: each run fails when its number is above `threshold`, and the variant's
@@ -119,6 +121,7 @@ class Direction:
     requires: tuple[str, ...] = ()
     paper: str = ""
     test: str = "sign"  # "sign" or "mcnemar"
+    opposite: bool = False  # the claim is the paper's opposite (`side` is the claim's side)
 
 
 QUANT_VARIANTS = ("g1-elementwise", "g1-headwise", "ns-sigmoid", "input-independent", "sdpa-rmsnorm")
@@ -178,6 +181,10 @@ DIRECTIONS: tuple[Direction, ...] = (
     *_sink_rows("qk-norm", "with QK-norm", "F-Attn", 0.3),
     # --- the sink in a deeper model, judged per head (the paper's maps are per head)
     *_sink_rows("deep", "deeper model", "largest head's F-Attn", 0.3),
+    # --- issue 36's deeper model (the four-layer family): on seeds 30-41 G1 elementwise, not the baseline, held a sink
+    Direction("four-layer/g1-sink", "4-layer model, the paper's opposite: G1 elementwise has a strong attention sink: "
+              "its largest head's F-Attn above 0.3", "four-layer", "largest head's F-Attn", "g1-elementwise", "above",
+              0.3, against=None, paper="G1 0.048 (no sink)", opposite=True),
     # --- massive activations in the one-layer models (their only layer's output: nothing reads it)
     Direction("m-act/g1-elementwise", "G1 elementwise lowers massive activations: its M-Act below half the "
               "baseline's", "main", "M-Act", "g1-elementwise", "below", 0.5, comparison="ratio", paper="94 / 1053"),

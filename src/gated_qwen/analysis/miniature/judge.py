@@ -78,13 +78,19 @@ def evaluate(row: Direction, get: Callable[[str, str, int], dict | None], seeds:
     judged = _mcnemar_judgement(row, per_seed) if row.test == "mcnemar" else _sign_judgement(row, values)
     blocked = [name for name in row.requires if verdicts.get(name) != "yes"]
     return {
-        "name": row.name, "claim": row.claim, "family": row.family, "metric": METRICS[row.metric].description,
-        "comparison": _comparison(row), "test": row.test, "threshold": row.threshold, "side": row.side,
-        "paper": row.paper, "requires": list(row.requires), "seeds": evidence, "per_seed": per_seed, **judged,
+        **declared(row), "seeds": evidence, "per_seed": per_seed, **judged,
         "detectable": {"raw": stats.detectable(row.test, len(values))},
         **({"verdict": "not testable here", "not_testable_because": blocked} if blocked else {}),
         "meta": {"tuning_seeds": list(tuning_seeds), "tuning_seeds_in_this_run": [s for s in seeds if s in tuning_seeds]},
     }
+
+
+def declared(row: Direction) -> dict:
+    """The row as a report writes it before its numbers: every field of its declaration, in words where the code
+    names them (the metric's description, the per-seed comparison), so that a report shows which rows it judged."""
+    return {"name": row.name, "claim": row.claim, "family": row.family, "metric": METRICS[row.metric].description,
+            "comparison": _comparison(row), "test": row.test, "threshold": row.threshold, "side": row.side,
+            "paper": row.paper, "requires": list(row.requires)}
 
 
 def _comparison(row: Direction) -> str:
@@ -95,7 +101,8 @@ def _comparison(row: Direction) -> str:
                 f"paper's side: {row.variant} fails {'less' if row.side == 'below' else 'more'} often")
     number = row.variant if row.against is None else (
         f"{row.variant} - {row.against}" if row.comparison == "difference" else f"{row.variant} / {row.against}")
-    return f"{number} of {row.metric} at {rate}; the paper's side: {row.side} {row.threshold:.4g}"
+    whose = "the claim's side (the paper's opposite)" if row.opposite else "the paper's side"
+    return f"{number} of {row.metric} at {rate}; {whose}: {row.side} {row.threshold:.4g}"
 
 
 def _trained(row: Direction, family: dict) -> bool:
@@ -108,9 +115,7 @@ def _trained(row: Direction, family: dict) -> bool:
 
 def _untestable(row: Direction, reason: str) -> dict:
     """A row of a family the preset declares untestable (no set-up found on the tuning seeds): no runs, no test."""
-    return {"name": row.name, "claim": row.claim, "family": row.family, "metric": METRICS[row.metric].description,
-            "comparison": _comparison(row), "test": row.test, "threshold": row.threshold, "side": row.side,
-            "paper": row.paper, "requires": list(row.requires), "seeds": [], "per_seed": {}, "median": None,
+    return {**declared(row), "seeds": [], "per_seed": {}, "median": None,
             "interval": None, "p": None, "detectable": {"raw": None}, "verdict": "not testable here",
             "not_testable_because": [reason], "meta": {"tuning_seeds": [], "tuning_seeds_in_this_run": []}}
 

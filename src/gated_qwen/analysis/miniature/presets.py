@@ -8,7 +8,12 @@ A family is one set-up, chosen on its own tuning seeds (never evidence) for the 
 - "deep": the sink in a deeper model, judged per head; "mact": the massive activation at the first token in the
   non-final layers of a 6-layer model; "table1": held-out loss on a corpus the models do not saturate (table 1's
   ranking of gate positions); "stability": failures at the high learning rate over many seeds; "long": recall
-  after YaRN (table 5). Their set-ups were chosen on seeds 2-9 (issue 36; benchmarks/reproduce/search.py).
+  after YaRN (table 5). Their set-ups were chosen on seeds 2-9 (issue 36; benchmarks/reproduce/search.py);
+- "four-layer": issue 36's "deep" set-up, in which G1 elementwise, not the baseline, held a sink on the evidence
+  seeds 30-41: the paper's opposite, a row of its own judged on fresh seeds (issue 47).
+Issue 47 asks a set-up to pass on at least 5 of 6 tuning seeds (search.py's deep-sink-6 and table1-learned): no
+"deep" set-up did, and table 1's comparisons do not all fit the run's budget (table1-spread), so the confirmatory
+run declares both not testable here.
 
 Runs that two families share (the same model, variant, learning rate and seed: the stability family reads the main
 models' runs at its first seeds) are trained once.
@@ -35,11 +40,14 @@ PAIR = ("baseline", "g1-elementwise")
 MAIN_VARIANTS = ("baseline", "g1-elementwise", "g1-headwise", "ns-sigmoid", "input-independent", "sdpa-rmsnorm")
 TABLE1_VARIANTS = ("baseline", "g1-elementwise", "g1-headwise", "g2-value", "g5-dense")
 # Seeds. The main set-up was chosen on seeds 0-1, the families of issue 36 on 2-9. The demo's seeds are 10-21; the
-# confirmatory run's evidence, which the demo never reports, is 30-41 (30-59 for the stability family's failure
-# rate). Twelve seeds are the fewest at which a row whose seeds all agree survives Holm's correction over ~60 rows.
+# confirmatory run's evidence, which the demo never reports, is 30-41. Twelve seeds are the fewest at which a row
+# whose seeds all agree survives Holm's correction over ~60 rows. Issue 47's rows get seeds no run has used (issue
+# 36's stability family judged 30-59): the failure rate 60 (at 8 failures in 30, as seen on 30-59, and none for G1,
+# 54 give Holm's correction 80% power: stats.detectable), the four-layer model's G1 sink 12.
 DEMO_SEEDS = tuple(range(10, 22))
 CONFIRM_SEEDS = tuple(range(30, 42))
-STABILITY_SEEDS = tuple(range(30, 60))
+STABILITY_SEEDS = tuple(range(60, 120))
+FOUR_LAYER_SEEDS = tuple(range(120, 132))
 
 
 @dataclass(frozen=True)
@@ -104,7 +112,8 @@ class Plan:
 
 MAIN = Preset(tuning_seeds=(0, 1))
 # The sink in a deeper model, judged per head: 4 layers of 4 heads at 64 tokens, chosen on seeds 2-3
-# (benchmarks/reproduce/search.py, "deep-sink": at 2 layers, 64 or 128 tokens, no head held a sink).
+# (benchmarks/reproduce/search.py, "deep-sink": at 2 layers, 64 or 128 tokens, no head held a sink); on seeds 30-41
+# its baseline held none and G1 did: the confirmatory run trains it as the "four-layer" family.
 DEEP = replace(MAIN, num_attention_heads=4, num_key_value_heads=4, head_dim=16, num_hidden_layers=4, seq_len=64,
                extrapolation=(1,), tuning_seeds=(2, 3))
 # The M-Act model: 6 layers with QK-norm and grouped-query attention; chosen on seeds 2-3 ("mact").
@@ -119,6 +128,14 @@ TABLE1 = replace(MAIN, num_hidden_layers=2, num_attention_heads=4, num_key_value
 STABILITY = replace(MAIN, high_lr_variants=PAIR)
 NO_LONG_CONTEXT = ("long", "its set-up search on the tuning seeds had found no baseline that recalls at its training "
                    "length (256 tokens) when this run was declared (benchmarks/RESULTS.md)")
+NO_DEEP = ("deep", "no set-up tried has a baseline with a per-head sink on at least 5 of 6 tuning seeds (four "
+           "candidates, issue 36's choice among them, with one on seeds 2-3 only: search.py deep-sink-6, "
+           "benchmarks/RESULTS.md)")
+NO_TABLE1 = ("table1", "underpowered: at the per-seed spread of seeds 30-41, 80% power for Holm's correction needs "
+             "34-51 seeds for G1 vs G5, 157-209 for G1 headwise vs G2 and no number for G1 or G2 vs the baseline "
+             "(as many seeds each way); on a corpus the models learn (trigram 16 x 4, chosen on 6 of 6 tuning "
+             "seeds) G1 headwise vs G2 split 3-3 on the tuning seeds, so not every comparison fits the run's budget "
+             "(search.py table1-spread, docs/analysis.md)")
 
 _SMOKE = Preset(hidden_size=32, head_dim=32, intermediate_size=64, seq_len=24, batch_size=4, steps=6, seeds=(0,),
                 eval_documents=4, analysis_documents=2, extrapolation=(1, 2), extrapolation_documents=2)
@@ -139,11 +156,10 @@ PLANS: dict[str, Plan] = {
     "confirm": Plan((
         Family("main", replace(MAIN, seeds=CONFIRM_SEEDS, high_lr_variants=PAIR), MAIN_VARIANTS),
         Family("qk-norm", replace(MAIN, use_qk_norm=True, seeds=CONFIRM_SEEDS)),
-        Family("deep", replace(DEEP, seeds=CONFIRM_SEEDS)),
         Family("mact", replace(MACT, seeds=CONFIRM_SEEDS)),
-        Family("table1", replace(TABLE1, seeds=CONFIRM_SEEDS), TABLE1_VARIANTS),
+        Family("four-layer", replace(DEEP, seeds=FOUR_LAYER_SEEDS)),
         Family("stability", replace(STABILITY, seeds=STABILITY_SEEDS)),
-    ), untestable=(NO_LONG_CONTEXT,)),
+    ), untestable=(NO_DEEP, NO_TABLE1, NO_LONG_CONTEXT)),
     # For a GPU: the paper's architecture (QK-norm, grouped-query attention) wider and deeper, on the same corpus,
     # to see whether the miniature's directions hold at that shape (not run yet; time estimate in docs/analysis.md).
     "large": Plan((Family("main", Preset(
