@@ -220,6 +220,14 @@ def _what_it_would_replace(target: Path, inputs: _Inputs, mounts: set[str], show
                                   "mounted there. Unmount it, or choose another path.")
 
 
+def _refuse_a_name_too_long(target: Path, shown: str) -> None:
+    """Refuses an output whose last name is longer than its file system allows."""
+    allowed = name_max(nearest_existing(target.parent))
+    if len(os.fsencode(target.name)) > allowed:
+        raise OutputError(f"{shown}: the name {target.name[:40]!r}... is {len(os.fsencode(target.name))} bytes, more "
+                          f"than the file system allows ({allowed}); choose a shorter name.")
+
+
 def check_output(
     path: str | os.PathLike,
     *,
@@ -245,10 +253,7 @@ def check_output(
               else resolved(given.absolute().parent, f"{shown}'s folder") / given.name)
     if target.parent == target:
         raise OutputError(f"{shown} is the root of the file system; choose a new folder.")
-    if len(os.fsencode(target.name)) > name_max(nearest_existing(target.parent)):
-        raise OutputError(f"{shown}: the name {target.name[:40]!r}... is {len(os.fsencode(target.name))} bytes, more "
-                          f"than the file system allows ({name_max(nearest_existing(target.parent))}); choose a "
-                          "shorter name.")
+    _refuse_a_name_too_long(target, shown)
     cache = _cache_around(target)
     if cache is not None:
         folder, relation = cache
