@@ -104,6 +104,16 @@ def test_gguf_holds_llama_cpps_tensors_and_the_sources_function(tmp_path, capsys
     assert fields["tokenizer.ggml.model"] == "no_vocab" and fields[f"{arch}.vocab_size"] == cfg["vocab_size"]
 
 
+def test_the_code_files_left_behind_are_named(tmp_path, capsys):
+    """A one-file export carries none of SRC's own `*.py` code and says so by name (docs/cli.md), as a folder
+    export without --carry-code does; the package's own modeling files are not counted."""
+    src = saved(tmp_path / "gated", DENSE)
+    (src / "tokenizer_custom.py").write_text("import os  # someone else's code\n")
+    assert main(["convert", str(src), str(tmp_path / "model.gguf"), "--to", "gguf", "--no-verify"]) == 0
+    err = capsys.readouterr().err
+    assert "not carried: SRC's code files ['tokenizer_custom.py']" in err and "modeling_gated" not in err
+
+
 def test_gguf_read_back_is_an_independent_check(tmp_path, monkeypatch):
     """A GGUF whose feed-forward gate and up projections were swapped fails `--verify`: exit status 1, nothing
     written (the read-back does not share the writer's name table)."""
