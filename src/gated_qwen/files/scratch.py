@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .staging import PARTIAL_OWNER_FILE, claim, say, stale_record, unclaimed
+from .staging import claim, remove_if_empty, say, stale_record, unclaimed
 
 SCRATCH_PREFIX = "gated-qwen-"  # TMPDIR/gated-qwen-PURPOSE-XXXXXXXX
 
@@ -95,13 +95,7 @@ def clean_stale_scratch(folder: str | os.PathLike | None = None) -> list[str]:
                 continue
             record, state = stale_record(entry, kinds=("scratch",))
             if record is None and unclaimed(entry):
-                (entry / PARTIAL_OWNER_FILE).unlink(missing_ok=True)
-                try:
-                    entry.rmdir()  # only if still empty
-                except OSError:
-                    continue
-                actions.append(f"removed the empty scratch folder {entry} (a run stopped before it wrote its owner "
-                               "record)")
+                actions.extend(remove_if_empty(entry, "scratch"))
             if record is None:
                 continue
             run = f"process {record.get('pid')} on {record.get('host')}"

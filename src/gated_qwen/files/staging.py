@@ -73,6 +73,17 @@ def unclaimed(folder: Path) -> bool:
         os.close(fd)
 
 
+def remove_if_empty(folder: Path, kind: str) -> list[str]:
+    """Removes an `unclaimed` `folder`'s partial owner record, then `folder` if that left it empty; returns what was
+    done (one line, or none where the folder still holds something)."""
+    (folder / PARTIAL_OWNER_FILE).unlink(missing_ok=True)
+    try:
+        folder.rmdir()  # only if empty
+    except OSError:
+        return []
+    return [f"removed the empty {kind} folder {folder} (a run stopped before it wrote its owner record)"]
+
+
 class _Staging:
     """A staging folder beside an output: `folder` holds the owner record (locked while this process runs) and
     `item`, named as the output: the output being built (`writing`) or the old output set aside (`replaced`)."""
@@ -159,13 +170,7 @@ def clean_stale(path: str | os.PathLike, inside: bool = False) -> list[str]:
             record, state = stale_record(entry)
             ours = name is None or entry.name.startswith(f".{name}.")
             if record is None and ours and unclaimed(entry):
-                (entry / PARTIAL_OWNER_FILE).unlink(missing_ok=True)
-                try:
-                    entry.rmdir()  # only if still empty
-                except OSError:
-                    continue
-                actions.append(f"removed the empty staging folder {entry} (a run stopped before it wrote its owner "
-                               "record)")
+                actions.extend(remove_if_empty(entry, "staging"))
                 continue
             if record is None:
                 if ours:
