@@ -240,7 +240,7 @@ def _write_file(request: _Request, src, dst, *, overwrite: bool, allow_pickle: b
     format's own files (`Format.write_folder`, e.g. ONNX, with SRC's tokenizer and generation files carried beside
     them), written whole or not at all, the source's structure checked first and `--verify` against the format's own
     reader; none of a safetensors folder's options."""
-    from .io import Checkpoint, carry_files, files_to_carry, shipped_code
+    from .io import Checkpoint, carry_files, files_to_carry, own_code
     from .structure import check_source
 
     folder = request.fmt.write_folder is not None
@@ -263,7 +263,7 @@ def _write_file(request: _Request, src, dst, *, overwrite: bool, allow_pickle: b
         carry_files(carried, tmp)
         if verify:
             _verify(request, src, tmp, {"vocab_size": vocab_size}, allow_pickle)
-    code_left = sorted({path.name for path in src.glob("*.py")} - shipped_code())
+    code_left = sorted(own_code(src))
     if code_left:
         say(f"not carried: SRC's code files {code_left} (someone else's code, which {request.flag}'s output does "
             "not run).")

@@ -368,13 +368,19 @@ def _compute(name: str, plan: TensorPlan) -> torch.Tensor:
     return tensor.contiguous()
 
 
+def own_code(src: Path) -> set[str]:
+    """The names of SRC's own `*.py` code files: this package's modeling files, which a gated_qwen folder ships, not
+    counted."""
+    return {path.name for path in src.glob("*.py")} - shipped_code()
+
+
 def files_to_carry(src: Path, carry_code: bool = False) -> tuple[dict[str, SourceFile], list[str]]:
     """(name -> file) of what `carry_files` copies from SRC: its tokenizer files, generation_config.json and licence
     files and, with `carry_code`, its own `*.py` code; and the names of the code files left behind without it (this
     package's modeling files, which a gated_qwen folder ships, are not counted). Refuses (by name) a match that is not
     one of SRC's files (`source_file`)."""
     names = {path.name for pattern in CARRIED_FILE_PATTERNS for path in src.glob(pattern)}
-    code = {path.name for path in src.glob("*.py")} - shipped_code()
+    code = own_code(src)
     names = (names - {n for n in names if n.endswith(".py")}) | (code if carry_code else set())
     carried = {name: source_file(src, name, "SRC's file to carry") for name in sorted(names)}
     return carried, sorted(code - names)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conversion_helpers import cli_refuses
 from helpers import SMALL, TINY_MOE, randomize_, sizes
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, GatedQwenMoeConfig, GatedQwenMoeForCausalLM
@@ -27,14 +28,6 @@ def saved(folder: Path, fields: dict) -> Path:
              else GatedQwenForCausalLM(GatedQwenConfig(**fields)))
     randomize_(model).save_pretrained(folder)
     return folder
-
-
-def refused(capsys, args: list[str], message: str, dst: Path) -> None:
-    assert main(args) == 2
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.startswith("gated-qwen: error: ")]
-    assert len(lines) == 1 and message in lines[0] and "Traceback" not in err, err
-    assert not dst.exists() and not [p for p in dst.parent.iterdir() if p.name.startswith(f".{dst.name}.")]
 
 
 @pytest.mark.parametrize("kind", ["dense", "moe", "moe_without_shared_expert"])
@@ -109,4 +102,4 @@ REFUSED = {  # name: (config fields, the message)
 def test_what_mlx_lm_cannot_express_is_refused(tmp_path, capsys, case):
     changes, message = REFUSED[case]
     src = saved(tmp_path / "gated", sizes(DENSE, **changes))
-    refused(capsys, ["convert", str(src), str(tmp_path / "mlx"), "--to", "mlx"], message, tmp_path / "mlx")
+    cli_refuses(capsys, ["convert", str(src), str(tmp_path / "mlx"), "--to", "mlx"], message, tmp_path / "mlx")

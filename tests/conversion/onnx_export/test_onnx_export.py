@@ -5,23 +5,14 @@ folder."""
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
 import pytest
+from conversion_helpers import cli_refuses
 from helpers import SMALL, randomize_, sizes
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
-from gated_qwen.cli import main
 
 DENSE = sizes(SMALL, vocab_size=320)
-
-
-def refused(capsys, args: list[str], message: str, dst: Path) -> None:
-    assert main(args) == 2
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.startswith("gated-qwen: error: ")]
-    assert len(lines) == 1 and message in lines[0] and "Traceback" not in err, err
-    assert not dst.exists() and not [p for p in dst.parent.iterdir() if p.name.startswith(f".{dst.name}.")]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("onnxruntime") is not None,
@@ -29,7 +20,7 @@ def refused(capsys, args: list[str], message: str, dst: Path) -> None:
 def test_onnx_without_onnx_runtime_and_its_folder_options_are_refused(tmp_path, capsys):
     src = tmp_path / "gated"
     randomize_(GatedQwenForCausalLM(GatedQwenConfig(**DENSE))).save_pretrained(src)
-    refused(capsys, ["convert", str(src), str(tmp_path / "onnx"), "--to", "onnx"],
+    cli_refuses(capsys, ["convert", str(src), str(tmp_path / "onnx"), "--to", "onnx"],
             "pip install 'gated-qwen[onnx]'", tmp_path / "onnx")
-    refused(capsys, ["convert", str(src), str(tmp_path / "onnx"), "--to", "onnx", "--max-shard-size", "1GB"],
+    cli_refuses(capsys, ["convert", str(src), str(tmp_path / "onnx"), "--to", "onnx", "--max-shard-size", "1GB"],
             "--max-shard-size apply to safetensors folder outputs; --to onnx writes its own files", tmp_path / "onnx")
