@@ -52,7 +52,8 @@ test-latest:
 	$(call PYTEST,$(LATEST)) -m "not compat"
 
 # The wheels the GPU machine's image lacks for gated_qwen (requirements/device-wheels.txt: pure Python, for its
-# Python 3.12), downloaded here since no registry is reachable there; benchmarks/gpu_check_device.sh installs them.
+# Python 3.12, and kernels' build for .venv-compat's 3.11), downloaded here since no registry is reachable there;
+# benchmarks/gpu_check_device.sh installs them.
 # What travels to that machine (the working tree and these wheels) must stay under 64 MiB: checked here.
 DEVICE_WHEELS := .device-wheels
 DEVICE_LIMIT  := 67108864
@@ -63,7 +64,10 @@ $(DEVICE_WHEELS)/.complete: requirements/device-wheels.txt
 	$(PYTHON) -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: --python-version 3.12 \
 		--implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
 		-d $(DEVICE_WHEELS).partial -r requirements/device-wheels.txt $(QUIET)
-	@test $$(ls $(DEVICE_WHEELS).partial/*.whl | wc -l) -eq $$(grep -c "^[A-Za-z]" requirements/device-wheels.txt) \
+	$(PYTHON) -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: --python-version 3.11 \
+		--implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+		-d $(DEVICE_WHEELS).partial $$(grep "^kernels==" requirements/device-wheels.txt) $(QUIET)
+	@test $$(ls $(DEVICE_WHEELS).partial/*.whl | wc -l) -eq $$(($$(grep -c "^[A-Za-z]" requirements/device-wheels.txt) + 1)) \
 		|| { echo "device-wheels: pip did not download every wheel of requirements/device-wheels.txt"; exit 1; }
 	@wheels=$$(cat $(DEVICE_WHEELS).partial/*.whl | wc -c); \
 	tree=$$(git ls-files -z --cached --others --exclude-standard | xargs -0 cat 2>/dev/null | wc -c); \
@@ -95,8 +99,10 @@ $(COMPAT_STAMP): requirements/compat.lock
 
 test-compat: $(COMPAT_STAMP) $(DEVICE_WHEELS)/.complete
 	rm -rf $(COMPAT_SITE) $(COMPAT_KERNELS)
-	$(call PIP,$(COMPAT)) --no-index --no-deps --target $(COMPAT_SITE) $(DEVICE_WHEELS)/*.whl $(QUIET)
-	$(call PIP,$(COMPAT)) --no-index --no-deps --target $(COMPAT_KERNELS) $(DEVICE_WHEELS)/kernels-*.whl $(QUIET)
+	$(call PIP,$(COMPAT)) --no-index --no-deps --target $(COMPAT_SITE) --find-links $(DEVICE_WHEELS) \
+		-r requirements/device-wheels.txt $(QUIET)
+	$(call PIP,$(COMPAT)) --no-index --no-deps --target $(COMPAT_KERNELS) --find-links $(DEVICE_WHEELS) \
+		$$(grep "^kernels==" requirements/device-wheels.txt) $(QUIET)
 	PYTHONPATH=$(abspath $(COMPAT_SITE)):$(abspath src) $(call PYTEST,$(COMPAT)) $(KERNEL_TESTS)
 	PYTHONPATH=$(abspath src) $(COMPAT)/bin/python -m pytest -q -p no:cacheprovider tests/model/test_transformers_compat.py \
 		tests/model/test_remote_code.py

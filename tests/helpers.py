@@ -67,14 +67,14 @@ def kernel_launches() -> Iterator[list[KernelLaunch]]:
     `assert len(launches) == config.num_hidden_layers` for one forward. The self-check calls the kernel directly,
     not through the backend, so its calls are not recorded."""
     from gated_qwen.kernel import attention
+    from gated_qwen.kernel.inputs import gate_kind
 
     launches: list[KernelLaunch] = []
     kernel = attention.gated_attention
 
     def spy(q, k, v, gate=None, **kwargs):
         packed = kwargs.get("cu_seqlens_q") is not None
-        gate_kind = None if gate is None else "headwise" if gate.shape[-1] == 1 else "elementwise"
-        launches.append(KernelLaunch(gate_kind, packed, kwargs["max_seqlen_q"] if packed else q.shape[1]))
+        launches.append(KernelLaunch(gate_kind(gate, q.shape[-1]), packed, kwargs["max_seqlen_q"] if packed else q.shape[1]))
         return kernel(q, k, v, gate, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch:

@@ -103,3 +103,11 @@ def test_importing_the_package_before_transformers_registers_it_when_transformer
     result = subprocess.run([sys.executable, "-c", IMPORT_HOOK_CHECK], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "import hook ok" in result.stdout
+
+
+def test_the_cache_is_kept_off_device_placement_under_the_name_the_installed_transformers_uses():
+    """With `device_map` dispatch, Accelerate leaves the forward argument these keys name where it is: the cache,
+    named as the installed Transformers' own models name it (`cache` from 5.2x, `past_key_values` before)."""
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3PreTrainedModel
+
+    assert GatedQwenForCausalLM._skip_keys_device_placement == Qwen3PreTrainedModel._skip_keys_device_placement

@@ -54,6 +54,7 @@ from .transformers_compat import (
     CACHE_FIELD,
     create_causal_mask,
     create_sliding_window_causal_mask,
+    hub_attention_kernel_loader,
     slice_logits_to_keep,
 )
 
@@ -67,10 +68,12 @@ HUB_KERNEL_FAILURES: dict[tuple[str, str], str] = {}
 
 def hub_kernel_attention(config: GatedQwenConfig) -> Callable | None:
     """The attention function of the Hub kernel that `config` names (`hub_kernel_repo` at the commit
-    `hub_kernel_revision`: the package's kernel, built by `make kernel-repo`), loaded with Hugging Face's `kernels`
-    (`get_kernel`) and registered in Transformers' attention registry as the fused attention, with its mask; None where
-    the config names none, `kernels` is not installed, or the kernel does not load (`HUB_KERNEL_FAILURES` says why).
-    The kernel repository is allowed because this folder's own config.json names it (`trust_remote_code=[repo]`)."""
+    `hub_kernel_revision`: the package's kernel, built by `make kernel-repo`), registered in Transformers' attention
+    registry as the fused attention, with its mask; None where the config names none, `kernels` is not installed, or
+    the kernel does not load (`HUB_KERNEL_FAILURES` says why). Loaded through Transformers' own route for Hub attention
+    kernels where it has one (`hub_attention_kernel_loader`: "repo@revision:gated_attention_forward"), else with
+    `kernels.get_kernel` at that commit. The repository is allowed because this folder's own config.json names it
+    (Transformers' route takes the permission as a flag, `kernels` as the repository's name)."""
     repo, revision = config.hub_kernel_repo, config.hub_kernel_revision
     if repo is None or (repo, revision) in HUB_KERNEL_FAILURES:
         return None
@@ -78,8 +81,14 @@ def hub_kernel_attention(config: GatedQwenConfig) -> Callable | None:
         import kernels
     except ImportError:
         return None
+    load_attention_kernel = hub_attention_kernel_loader()
     try:
-        function = kernels.get_kernel(repo, revision=revision, trust_remote_code=[repo]).gated_attention_forward
+        if load_attention_kernel is not None:
+            name = f"{repo}@{revision}:gated_attention_forward"
+            load_attention_kernel(name, allow_all_kernels=True)
+            function = ALL_ATTENTION_FUNCTIONS[name]
+        else:
+            function = kernels.get_kernel(repo, revision=revision, trust_remote_code=[repo]).gated_attention_forward
     except Exception as error:  # no network, no such commit, a `kernels` too old: said in the model's one log line
         message = str(error).strip().splitlines()
         HUB_KERNEL_FAILURES[repo, revision] = f"{type(error).__name__}: {message[0][:300] if message else ''}"
@@ -294,7 +303,6 @@ class GatedQwenPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
     _no_split_modules = ["GatedQwenDecoderLayer"]
-    _skip_keys_device_placement = ["past_key_values"]
     _supports_flash_attn = True
     _supports_sdpa = True
     _supports_flex_attn = True
