@@ -203,6 +203,14 @@ def test_no_import_circle():
         visit(module, [])
 
 
+def test_the_integrations_import_nothing_from_the_package_above_them():
+    """integrations/ plugs the lower rooms (model, kernel, files, conversion) into other libraries: none of its
+    modules imports the package's front door (`gated_qwen/__init__.py`), which imports them."""
+    for path in (PACKAGE / "integrations").glob("*.py"):
+        module = "gated_qwen.integrations" + ("" if path.name == "__init__.py" else f".{path.stem}")
+        assert "gated_qwen" not in _imports(path, module), path.name
+
+
 def test_the_gate_registry_is_the_one_source_of_the_configs_values():
     """Each gate field accepts exactly the registry's values (adding an activation is one entry of
     `gating.ACTIVATIONS`), and the package's public names are those its modules define."""

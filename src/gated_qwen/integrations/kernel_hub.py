@@ -27,7 +27,6 @@ import json
 import sys
 from pathlib import Path
 
-from .. import __version__
 from ..files import OutputError, output_folder
 
 KERNEL_SOURCE = Path(__file__).resolve().parents[1] / "kernel"
@@ -71,7 +70,7 @@ tags:
 
 # {KERNEL_NAME}
 
-The fused gated-attention kernel of gated-qwen {__version__} (the `gated_qwen` package): Triton
+The fused gated-attention kernel of gated-qwen (the `gated_qwen` package; the sources' SHA-256 below): Triton
 FlashAttention-style attention with the G1 sigmoid gate of *Gated Attention for Large Language Models* (Qiu et al.,
 arXiv 2505.06708) applied to the fp32 accumulator in the epilogue (`softmax(q kᵀ · scale + mask) v ⊙ sigmoid(gate)`),
 forward and backward, grouped-query attention, packed variable-length batches, split-KV decode, and a first-use
