@@ -3,7 +3,7 @@
 Importing this package registers it, as flash-linear-attention and PEFT register theirs (`register()` below, which
 lists what): `model_type="gated_qwen"` (dense) and `"gated_qwen_moe"` (mixture of experts) with the Auto classes,
 the fused kernel as `attn_implementation="gated_triton"`, the reader of other checkpoint formats, the Hub push with
-this package's model card, and PEFT's default LoRA targets.
+this package's model card, the paper's presets (`from_paper`) and PEFT's default LoRA targets.
 """
 
 from .import_noise import import_noise_quieted
@@ -22,7 +22,8 @@ with import_noise_quieted():  # what torch and Transformers' optional imports wa
     from .integrations import gated_triton, hub
     from .integrations.peft_defaults import register_peft_defaults
     from .model import modeling_gated, modeling_gated_moe
-    from .model.configuration_gated import GatedQwenConfig, GatedQwenMoeConfig
+    from .model.configuration_gated import GatedQwenConfig
+    from .model.configuration_gated_moe import GatedQwenMoeConfig
     from .model.modeling_gated import (
         GatedQwenForCausalLM,
         GatedQwenForQuestionAnswering,
@@ -39,6 +40,7 @@ with import_noise_quieted():  # what torch and Transformers' optional imports wa
         GatedQwenMoeModel,
         GatedQwenMoePreTrainedModel,
     )
+    from .paper_presets import from_paper
 
 __version__ = "0.1.0"
 
@@ -67,6 +69,7 @@ def register() -> None:
       which the code a saved folder ships does not have;
     - the push to the Hub with this package's model card (`push_to_hub` of these models,
       `integrations.hub.model_push_to_hub`);
+    - the paper's models by name, `from_paper` of both configs (`paper_presets`);
     - PEFT's default LoRA targets (a no-op without PEFT).
     """
     global _registered
@@ -88,6 +91,7 @@ def register() -> None:
     # Attached to the bases, so the mixture of experts' config and models have them too.
     read_other_formats(GatedQwenConfig, GatedQwenPreTrainedModel)
     GatedQwenPreTrainedModel.push_to_hub = hub.model_push_to_hub
+    GatedQwenConfig.from_paper = classmethod(from_paper)  # the paper's presets, data of the package
     register_peft_defaults()
 
 

@@ -86,7 +86,7 @@ def count_parameters(config: GatedQwenConfig) -> tuple[int, int]:
     `GatedQwenMoeForCausalLM` for a `GatedQwenMoeConfig`), counted on the meta device."""
     import torch
 
-    from ..model.configuration_gated import GatedQwenMoeConfig
+    from ..model.configuration_gated_moe import GatedQwenMoeConfig
     from ..model.gating import gate_parameters_per_layer, gated_layers
     from ..model.modeling_gated import GatedQwenForCausalLM
     from ..model.modeling_gated_moe import GatedQwenMoeForCausalLM
@@ -296,7 +296,8 @@ def load_model_config(model_dir: str | os.PathLike) -> GatedQwenConfig:
     if not config_file.is_file():
         raise CardError(f"MODEL_DIR {str(model_dir)!r} has no config.json; give a folder written by save_pretrained.")
     from ..files import config_from_dict, read_json_object
-    from ..model.configuration_gated import GATED_MODEL_TYPES, GatedQwenConfig, GatedQwenMoeConfig
+    from ..model.configuration_gated import GATED_MODEL_TYPES, GatedQwenConfig
+    from ..model.configuration_gated_moe import GatedQwenMoeConfig
 
     config_dict = read_json_object(config_file, "MODEL_DIR's config.json", CardError)
     if config_dict.get("model_type") not in GATED_MODEL_TYPES:

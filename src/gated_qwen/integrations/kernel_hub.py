@@ -15,7 +15,7 @@ generated from it, never edited by hand. The build is reproducible: the same sou
 path, host or user in any file). The metadata id carries the sources' SHA-256, so the module of one build is
 `_gated_qwen_kernel_<digest>` wherever it is loaded, and two builds in one process are two modules with their own
 custom ops. The module exports what `kernel/__init__.py` exports; a saved folder registers its
-`gated_attention_forward` in Transformers' attention registry (`model/modeling_gated.py`, `hub_kernel_attention`).
+`gated_attention_forward` in Transformers' attention registry (`model/attention_choice.py`, `hub_kernel_attention`).
 
 Standard library only (and gated_qwen.files): it runs where only the source tree is, e.g. on the GPU machine
 (benchmarks/gpu_check_device.sh). Publishing it to the Hub: docs/kernel.md.

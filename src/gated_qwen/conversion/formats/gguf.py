@@ -92,7 +92,7 @@ def gguf_name(name: str) -> str:
 
 def check_llama_cpp_can_run(config) -> None:
     """The refusals of llama.cpp's architectures beyond those of the Qwen3.5 / Qwen3-Next export."""
-    from ...model.configuration_gated import GatedQwenMoeConfig
+    from ...model.configuration_gated_moe import GatedQwenMoeConfig
 
     if config.attention_bias:
         raise ConversionError("this model has attention_bias=True, an o_proj bias, which llama.cpp's Qwen3.5 / "
@@ -150,7 +150,7 @@ def _zero_layer(config, layer: int) -> dict[str, TensorPlan]:
     the norms are ones, `ssm_a` -1 (`A_log` 0), the rest zero."""
     import torch
 
-    from ...model.configuration_gated import GatedQwenMoeConfig
+    from ...model.configuration_gated_moe import GatedQwenMoeConfig
     from ..io import TensorPlan
 
     hidden, d, blk = config.hidden_size, LINEAR_HEAD_DIM, f"blk.{layer}."
@@ -182,7 +182,7 @@ def plan_gguf(ckpt: Checkpoint):
     (float32 for a dtype GGUF has no type for)."""
     import torch
 
-    from ...model.configuration_gated import GatedQwenMoeConfig
+    from ...model.configuration_gated_moe import GatedQwenMoeConfig
     from ..plans import FINAL_NORM, LAYER_NORMS, load_gated_config
     from .qwen3_5 import plan_gated_to_qwen3_5, plan_gated_to_qwen3_next
 

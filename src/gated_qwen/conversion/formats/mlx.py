@@ -172,7 +172,8 @@ def _mlp_shapes(prefix: str, hidden: int, inner: int) -> dict[str, tuple[int, ..
 def _dense_view(ckpt: Checkpoint) -> Checkpoint:
     """`ckpt` with a dense gated_qwen config.json (the mixture of experts' own fields left out): the attention part
     of a GatedQwen-MoE is planned as a dense model's (the same tensors; the experts pass through)."""
-    from ...model.configuration_gated import GatedQwenConfig, GatedQwenMoeConfig
+    from ...model.configuration_gated import GatedQwenConfig
+    from ...model.configuration_gated_moe import GatedQwenMoeConfig
 
     moe_only = set(GatedQwenMoeConfig.__dataclass_fields__) - set(GatedQwenConfig.__dataclass_fields__)
     view = copy.copy(ckpt)
@@ -228,7 +229,7 @@ def _zero_shared_expert(config, layer: int, dtype: torch.dtype) -> dict[str, Ten
 def plan_gated_to_mlx(ckpt: Checkpoint) -> tuple[dict, dict[str, TensorPlan]]:
     """`(config.json, {name: TensorPlan})` of the mlx-lm folder of the gated_qwen / gated_qwen_moe checkpoint: the
     `--to qwen3_5` export's tensors with GatedQwen's own norm weights, the experts stacked, under mlx-lm's names."""
-    from ...model.configuration_gated import GatedQwenMoeConfig
+    from ...model.configuration_gated_moe import GatedQwenMoeConfig
     from ..plans import FINAL_NORM, load_gated_config
     from .qwen3_5 import plan_gated_to_qwen3_5
 

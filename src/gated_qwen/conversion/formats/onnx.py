@@ -74,7 +74,7 @@ def load_model(ckpt: Checkpoint):
     the model holds them)."""
     from transformers.initialization import no_init_weights
 
-    from ...model.configuration_gated import GatedQwenMoeConfig
+    from ...model.configuration_gated_moe import GatedQwenMoeConfig
     from ...model.modeling_gated import GatedQwenForCausalLM
     from ...model.modeling_gated_moe import GatedQwenMoeForCausalLM
     from ..plans import load_gated_config

@@ -265,7 +265,8 @@ def _view(ckpt: Checkpoint, config: dict) -> Checkpoint:
 def plan_gated_to_qwen3_next(ckpt: Checkpoint, allow_o_proj_bias: bool = False):
     from transformers import Qwen3NextConfig
 
-    from ...model.configuration_gated import GatedQwenConfig, GatedQwenMoeConfig
+    from ...model.configuration_gated import GatedQwenConfig
+    from ...model.configuration_gated_moe import GatedQwenMoeConfig
     from ..plans import load_gated_config
 
     config = load_gated_config(ckpt, moe=True)
