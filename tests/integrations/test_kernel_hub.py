@@ -194,7 +194,7 @@ torch.cuda.is_available = lambda: True  # the dispatch decision of a CUDA machin
 if not TRANSFORMERS_NEEDS_KERNELS:  # kernels not installed, where Transformers runs without it
     sys.modules["kernels"] = None
     _, seen["no kernels"] = load("hub")
-    del sys.modules["kernels"]
+    sys.modules["kernels"] = kernels  # installed again: the same module, its get_kernel still recorded
 _, seen["not on the Hub"] = load("missing")  # HF_HUB_OFFLINE, no local override of this repository: does not load
 os.environ["LOCAL_KERNELS"] = f"{folders['repo id']}={repository}"  # kernels' own stand-in for the Hub repository
 model, seen["hub"] = load("hub")

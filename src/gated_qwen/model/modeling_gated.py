@@ -215,6 +215,7 @@ class GatedQwenPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
     _no_split_modules = ["GatedQwenDecoderLayer"]
+    _skip_keys_device_placement = [CACHE_FIELD]  # the cache, named as the installed Transformers' models name it
     _supports_flash_attn = True
     _supports_sdpa = True
     _supports_flex_attn = True
