@@ -88,6 +88,7 @@ COMPAT_STAMP := $(COMPAT)/.installed
 COMPAT_SITE  := $(COMPAT)/device-site
 COMPAT_KERNELS := $(COMPAT)/kernels-site
 KERNEL_TESTS := tests/kernel/test_triton_kernel.py tests/integrations/test_gated_triton.py tests/kernel/test_kernel_selfcheck.py \
+	tests/kernel/test_kernel_choice.py \
 	tests/kernel/test_kernel_aot.py tests/kernel/test_gpu_check.py tests/kernel/test_gpu_check_device.py \
 	tests/integrations/test_kernel_hub.py
 

@@ -10,10 +10,12 @@
 2. Kernel throughput, TFLOP/s forward, backward and forward+backward (bf16, causal, D=128, 16 heads, B·S = 16k
    tokens, S = 1k…16k): the kernel; PyTorch SDPA (fastest of its flash / cuDNN / memory-efficient backends) followed by
    a separate `* sigmoid(gate)`, as Transformers applies the gate; FlashAttention + gate when `flash_attn` is installed.
-   FLOPs: forward 4·B·H·S²·D, halved when causal; backward 2.5×; forward+backward 3.5×.
+   FLOPs: forward 4·B·H·S²·D, halved when causal; backward 2.5×; forward+backward 3.5×. Per length also what the
+   default attention (`gated_triton`) chose for these inputs with gradients, by its own measurement (the fused kernel
+   or SDPA + gate, kernel/choice.py), and the two times it measured (in a cache folder of this run's).
 3. End to end: a GatedQwen with the paper's 1.7B widths (hidden 2048, 16 query / 8 key-value heads of 128, MLP 6144,
    G1 elementwise gate) and a few layers, bf16: training step (forward, backward, AdamW) and greedy decode, tokens/s,
-   `attn_implementation="gated_triton"` vs `"sdpa"`, and the gated_triton backend's self-check verdicts.
+   `attn_implementation="gated_triton"` vs `"sdpa"`, and the gated_triton backend's self-check verdicts and choices.
 
 Writes DIR/results.json and DIR/results.md (GPU, driver, versions, every figure, the seconds of each phase) and
 prints the markdown. Before step 1 every kernel configuration the grid, step 2 and step 3's model launch is compiled
@@ -475,10 +477,38 @@ def measure_throughput(problem: Problem, device: str) -> dict:
     row["sdpa_backend"], row["sdpa_gate"] = best or ("none", [math.nan] * 3)
     if flash_attn_func is not None and device == "cuda":
         row["flash_gate"] = tflops(time_fwd_bwd(flash_then_gate, inputs, dy, device))
+    row["dispatch"] = dispatcher_choice(inputs)
     print(f"  S={problem.seq:6d} B={problem.batch:3d}: TFLOP/s fwd/bwd/fwd+bwd kernel "
           f"{'/'.join(f'{x:.3g}' for x in row['kernel'])}, SDPA+gate ({row['sdpa_backend']}) "
-          f"{'/'.join(f'{x:.3g}' for x in row['sdpa_gate'])}", flush=True)
+          f"{'/'.join(f'{x:.3g}' for x in row['sdpa_gate'])}; the default ran {row['dispatch']['ran']}", flush=True)
     return row
+
+
+def dispatcher_choice(inputs) -> dict:
+    """What the gated_triton backend (the default attention) runs for a causal call with gradients on `inputs`
+    (q, k, v: [B, S, H, D], gate), by its own rule: the self-check, then its timing of the fused kernel against SDPA +
+    gate on these inputs, forward + backward (kernel/choice.py); `ran` and the two milliseconds it measured."""
+    from gated_qwen.kernel import attention, choice
+    from gated_qwen.kernel.selfcheck import combination_of
+
+    q, k, v, gate = inputs
+    attention.gated_attention_forward(None, *(t.transpose(1, 2) for t in (q, k, v)), None, output_gate=gate)
+    combo = combination_of(q, gate, True, False, q.shape[1])
+    made = choice.CHOICES.get(choice.ChoiceKey(combo, choice.length_bucket(k.shape[1]), True))
+    failure = attention.SELF_CHECK_VERDICTS.get(combo)
+    if attention.kernel_mode() != "check" or not choice.measured_on(combo.device):
+        return {"ran": f"not measured (GATED_QWEN_KERNEL={attention.kernel_mode()}, {combo.device})", "kernel_ms": None,
+                "sdpa_ms": None}
+    ran = "kernel" if made is not None and made.kernel and failure is None else "SDPA + gate"
+    return {"ran": ran, "kernel_ms": made and made.kernel_ms, "sdpa_ms": made and made.sdpa_ms,
+            "why": failure or (made and made.failure)}
+
+
+def wall_clock_ms(run, device: str, path: str) -> float:
+    """The backend's timer under --interpret (CUDA events need a GPU): one wall-clock run, in milliseconds."""
+    started = time.perf_counter()
+    run()
+    return (time.perf_counter() - started) * 1e3
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -524,7 +554,7 @@ def end_to_end(device: str, interpret: bool, layers: int) -> dict:
     import torch
 
     from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
-    from gated_qwen.kernel import attention
+    from gated_qwen.kernel import attention, choice
 
     m = model_setup(interpret)
     fields, batch, seq, prompt, new_tokens = m.fields, m.batch, m.seq, m.prompt, m.new_tokens
@@ -580,6 +610,9 @@ def end_to_end(device: str, interpret: bool, layers: int) -> dict:
                          "warmup_s": {attn: tokens[attn][name + "_warmup_s"] for attn in tokens}}
     result["self_check"] = {combo.describe(): ("passed" if failure is None else failure)
                             for combo, failure in attention.SELF_CHECK_VERDICTS.items()}
+    result["choices"] = {key.describe(): {"ran": "kernel" if made.kernel else "SDPA + gate", "kernel_ms": made.kernel_ms,
+                                          "sdpa_ms": made.sdpa_ms, "why": made.failure}
+                         for key, made in choice.CHOICES.items()}
     return result
 
 
@@ -644,15 +677,19 @@ def markdown(results: dict) -> str:
     lines.append(f"\n#### Kernel TFLOP/s (bf16, causal, D={results['throughput_setup']['head_dim']}, "
                  f"{results['throughput_setup']['heads']} heads, elementwise gate)\n")
     header = ["S", "B", "kernel fwd", "SDPA+gate fwd", "kernel bwd", "SDPA+gate bwd", "kernel fwd+bwd",
-              "SDPA+gate fwd+bwd", "ratio fwd+bwd", "SDPA backend"]
+              "SDPA+gate fwd+bwd", "ratio fwd+bwd", "SDPA backend", "default ran", "its kernel ms",
+              "its SDPA+gate ms"]
     has_flash = any("flash_gate" in r for r in tp)
     if has_flash:
         header += ["FA+gate fwd", "FA+gate bwd", "FA+gate fwd+bwd"]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in tp:
         o, s = r["kernel"], r["sdpa_gate"]
+        chosen = r["dispatch"]
         cells = [r["S"], r["B"], fmt(o[0]), fmt(s[0]), fmt(o[1]), fmt(s[1]), fmt(o[2]), fmt(s[2]),
-                 f"{o[2] / s[2]:.2f}×" if s[2] > 0 else "-", r["sdpa_backend"]]
+                 f"{o[2] / s[2]:.2f}×" if s[2] > 0 else "-", r["sdpa_backend"],
+                 chosen["ran"] + (f" ({chosen['why']})" if chosen.get("why") else "")]
+        cells += [fmt(chosen[name]) if chosen[name] is not None else "-" for name in ("kernel_ms", "sdpa_ms")]
         if has_flash:
             cells += [fmt(x) for x in r.get("flash_gate", [float("nan")] * 3)]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
@@ -681,6 +718,10 @@ def markdown(results: dict) -> str:
         for name in ("train", "decode")) + ".")
     lines.append("\nSelf-check of the gated_triton backend on first use: " + "; ".join(
         f"{k}: {v}" for k, v in e2e["self_check"].items()) + ".")
+    lines.append("\nChoices of the gated_triton backend in this run (fused kernel vs SDPA + gate, ms): " + "; ".join(
+        f"{k}: {v['ran']}, " + " vs ".join(fmt(ms) if ms is not None else "-" for ms in (v["kernel_ms"], v["sdpa_ms"]))
+        + (f" ({v['why']})" if v["why"] else "")
+        for k, v in e2e["choices"].items()) + ".")
     lines.append(f"\nWall time {results['seconds']} s. Command: {results['command']}")
     return "\n".join(lines)
 
@@ -764,6 +805,14 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     device = "cpu" if args.interpret else "cuda"
+    from gated_qwen.kernel import choice
+
+    # The default attention measures its choices afresh in a folder of this run's (never the user's cache file);
+    # under --interpret the CPU's calls are measured as a GPU's, by wall clock (meaningless times; the path runs).
+    choices_folder = tempfile.TemporaryDirectory(prefix="gated-qwen-kernel-choices-")
+    os.environ[choice.CACHE_VARIABLE] = choices_folder.name
+    if args.interpret:
+        choice.MEASURED_DEVICE_TYPES, choice.TIMER = ("cuda", "cpu"), wall_clock_ms
     started = time.perf_counter()
     signal.signal(signal.SIGTERM, _stop)
     results = {"command": "python benchmarks/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -806,6 +855,7 @@ def main(argv=None) -> int:
     results["seconds"] = round(time.perf_counter() - started, 1)
     results["passed"] = all(r["ok"] for r in results["correctness"] + results["hub_kernel"])
     report = markdown(results)
+    choices_folder.cleanup()
     staging = Path(tempfile.mkdtemp(prefix=args.out.name + ".", dir=args.out.parent))
     (staging / "results.json").write_text(json.dumps(results, indent=1))
     (staging / "results.md").write_text(report + "\n")

@@ -62,6 +62,8 @@ def hermetic_hf_caches(tmp_path_factory, monkeypatch):
     values = _point_caches_at(tmp_path_factory.mktemp("caches"))
     for name, value in values.items():
         monkeypatch.setenv(name, value)
+    # The fused kernel's measured choices (kernel/choice.py; written on a CUDA GPU only), never the user's.
+    monkeypatch.setenv("GATED_QWEN_KERNEL_CACHE", str(Path(values["XDG_CACHE_HOME"]) / "gated-qwen-kernel"))
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HOME", values["HF_HOME"])

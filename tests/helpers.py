@@ -65,8 +65,10 @@ def kernel_launches() -> Iterator[list[KernelLaunch]]:
     The backend falls back to SDPA + a separate gate when the kernel fails its first-use self-check, and the
     fallback gives the same logits: a test of the kernel path must also assert that the kernel ran, e.g.
     `assert len(launches) == config.num_hidden_layers` for one forward. The self-check calls the kernel directly,
-    not through the backend, so its calls are not recorded."""
-    from gated_qwen.kernel import attention
+    not through the backend, so its calls are not recorded. On a CUDA GPU, where the backend runs the kernel only
+    where it was measured faster than SDPA + gate (`kernel/choice.py`), nothing is measured yet inside the block and
+    the timer says the kernel is faster, so the kernel path is the one under test."""
+    from gated_qwen.kernel import attention, choice
     from gated_qwen.kernel.inputs import gate_kind
 
     launches: list[KernelLaunch] = []
@@ -77,8 +79,15 @@ def kernel_launches() -> Iterator[list[KernelLaunch]]:
         launches.append(KernelLaunch(gate_kind(gate, q.shape[-1]), packed, kwargs["max_seqlen_q"] if packed else q.shape[1]))
         return kernel(q, k, v, gate, **kwargs)
 
+    def kernel_faster(run, device, path):
+        run()
+        return 1.0 if path == "kernel" else 2.0
+
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(attention, "gated_attention", spy)
+        patch.setattr(choice, "TIMER", kernel_faster)
+        patch.setattr(choice, "CHOICES", {})  # nothing measured by an earlier test
+        patch.setattr(choice, "_READ", set())
         yield launches
 
 

@@ -51,10 +51,14 @@ def test_interpret_mode_checks_measures_and_writes_its_results(tmp_path):
     assert all(set(row["errors"]) == {"out", "dq", "dk", "dv", "dgate"} for row in hub)
     for row in results["throughput"]:
         assert len(row["kernel"]) == 3 and len(row["sdpa_gate"]) == 3 and all(x > 0 for x in row["kernel"])
+        # The default attention's own choice for these inputs (measured by wall clock under the interpreter).
+        chosen = row["dispatch"]
+        assert chosen["ran"] == ("kernel" if chosen["kernel_ms"] < chosen["sdpa_ms"] * 0.97 else "SDPA + gate")
     e2e = results["end_to_end"]
     for name in ("train", "decode"):
         assert e2e[name]["ratio"] == pytest.approx(e2e[name]["gated_triton_tokens_per_s"] / e2e[name]["sdpa_tokens_per_s"])
     assert e2e["self_check"] and set(e2e["self_check"].values()) == {"passed"}
+    assert e2e["choices"] and all(c["kernel_ms"] > 0 and c["sdpa_ms"] > 0 for c in e2e["choices"].values())
     report = (out / "results.md").read_text()
     assert report.strip() in result.stdout  # the markdown is also printed
     for heading in ("#### Correctness", "#### Hub kernel", "#### Kernel TFLOP/s", "#### End to end"):

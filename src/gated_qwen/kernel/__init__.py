@@ -13,6 +13,8 @@ One file per part, as flash-linear-attention lays out `fla/ops/attn/`:
     launch.py       the optional Triton import, the interpreter switch, launch arguments the kernels share
     jit_helpers.py  the `@triton.jit` helpers the kernels share (program coordinates, addressing, sigmoid)
     selfcheck.py    the first-use check of one combination against the reference
+    choice.py       on a CUDA GPU, the kernel or SDPA + gate, whichever was measured faster per combination and
+                    length; the cache file that keeps those choices across runs
     attention.py    `gated_attention_forward`, the kernel with Transformers' attention-function signature (inputs in
                     the kernel's layouts, SDPA + gate where the kernel cannot or may not run, the self-check
                     verdicts), and `runs_by_default(config)`, whether it is a model's default attention

@@ -10,17 +10,23 @@ The kernel applies the G1 sigmoid gate to its fp32 accumulator, so the attention
 DataCollatorWithFlattening's `cu_seq_lens_*` and packed `position_ids` become packed rows); then the kernel or its
 fallback, `sdpa_gated_attention` (same arguments), runs them.
 
-The kernel is trusted only after it has checked itself. `GATED_QWEN_KERNEL` chooses:
+The kernel runs only where it is checked and, on a CUDA GPU, measured faster. `GATED_QWEN_KERNEL` chooses:
   check (default)  the first call of each (device, dtype, head dim, gate kind, causal, layout) combination runs the
                    kernel on a small problem against the PyTorch reference, forward and backward
                    (`selfcheck.py`); a combination that fails uses SDPA + a separate sigmoid gate,
-                   with one warning saying what failed and how to report it;
-  trust            the kernel without the check;
+                   with one warning saying what failed and how to report it. On a CUDA GPU the first call of a
+                   checked combination in each length bucket (keys up to a power of two) then times the kernel
+                   against SDPA + gate on the call's own inputs, forward (and backward where gradients are
+                   needed), and the faster runs from then on, with one log line (`choice.py`: the rule, and the
+                   cache file that keeps the choices across runs);
+  trust            the kernel without the check or the timing;
   off              never the kernel: SDPA + a separate sigmoid gate.
 Where the kernel cannot run at all (no Triton; CPU tensors without TRITON_INTERPRET; fp32 on a GPU) the same SDPA
-path is used, with one warning giving the reason. Under `torch.compile` no check runs: a combination checked by an
-earlier eager call keeps its verdict, an unchecked one uses the kernel; packed sequences must arrive as
-`cu_seq_lens_*` there (restarting `position_ids` are found only in eager mode).
+path is used, with one warning giving the reason. Under `torch.compile` and while a CUDA graph is captured nothing
+is checked or timed: a combination checked by an earlier eager call keeps its verdict, and on a CUDA GPU the kernel
+runs only where a choice measured it faster (in this process or the cache file), else SDPA + gate; on a CPU (the
+interpreter) an unchecked combination uses the kernel. Packed sequences must arrive as `cu_seq_lens_*` under
+`torch.compile` (restarting `position_ids` are found only in eager mode).
 """
 
 import logging
@@ -31,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import choice
 from .inputs import gated_attention_unsupported_reason
 from .launch import TRITON_IMPORT_ERROR, triton, triton_available
 from .selfcheck import Combination, combination_of, self_check
@@ -55,6 +62,7 @@ KERNEL_MODES = ("check", "trust", "off")
 # Self-check verdicts of this process: None = passed, else what failed.
 SELF_CHECK_VERDICTS: dict[Combination, str | None] = {}
 _SAID: set[str] = set()
+_SAID_CHOICES: set[choice.ChoiceKey] = set()
 
 
 def _warn_once(message: str) -> None:
@@ -72,16 +80,9 @@ def kernel_mode() -> str:
     return mode
 
 
-def _kernel_verdict(combo: Combination) -> str | None:
-    """None when the kernel may run this combination, else why not (warned once per combination)."""
-    mode = kernel_mode()
-    if mode == "off":
-        return f"{KERNEL_MODE_VARIABLE}=off"
-    if mode == "trust":
-        return None
+def _self_check_verdict(combo: Combination) -> str | None:
+    """None when `combo` passed its self-check (run now if it has not), else what failed (warned once)."""
     if combo not in SELF_CHECK_VERDICTS:
-        if torch.compiler.is_compiling():
-            return None  # a check cannot run while tracing; an earlier eager call would have run it
         SELF_CHECK_VERDICTS[combo] = failure = self_check(combo)
         if failure is not None:
             logger.warning(
@@ -90,6 +91,68 @@ def _kernel_verdict(combo: Combination) -> str | None:
                 f"report this with the output of `python benchmarks/gpu_check.py --out DIR` (DIR/results.md) and "
                 f"this message; {KERNEL_MODE_VARIABLE}=trust skips the check, =off never uses the kernel.")
     return SELF_CHECK_VERDICTS[combo]
+
+
+def _kernel_verdict(inputs: "KernelInputs", combo: Combination, causal: bool, scale: float | None) -> str | None:
+    """None when the kernel may run this call, else why not: the switch, the self-check, and on a CUDA GPU the
+    measured choice (`choice.py`)."""
+    mode = kernel_mode()
+    if mode == "off":
+        return f"{KERNEL_MODE_VARIABLE}=off"
+    if mode == "trust":
+        return None
+    blind = torch.compiler.is_compiling() or choice.capturing(combo.device)  # nothing can be checked or timed
+    if not choice.measured_on(combo.device):  # the interpreter on a CPU: the self-check alone
+        return None if blind and combo not in SELF_CHECK_VERDICTS else _self_check_verdict(combo)
+    key = choice.ChoiceKey(combo, choice.length_bucket(inputs.longest_key), _needs_backward(inputs))
+    if blind:  # never chosen blind: the kernel only where it passed (not failed here) and was measured faster
+        if SELF_CHECK_VERDICTS.get(combo) is None and choice.known_kernel(key):
+            return None
+        return "not measured faster than SDPA + gate before a torch.compile trace or CUDA graph capture"
+    failure = _self_check_verdict(combo)
+    if failure is not None:
+        return failure
+    chosen = choice.known(key)
+    if chosen is None:
+        from .parallel import gated_attention as kernel  # the kernel itself, not what the module name points to
+
+        chosen = choice.measure(key, _timed_run(kernel, inputs, causal, scale, key.backward),
+                                _timed_run(sdpa_gated_attention, inputs, causal, scale, key.backward))
+    if key not in _SAID_CHOICES:
+        _SAID_CHOICES.add(key)
+        _say_choice(key, chosen)
+    return None if chosen.kernel else chosen.failure or "measured slower than SDPA + gate"
+
+
+def _needs_backward(inputs: "KernelInputs") -> bool:
+    return torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (inputs.q, inputs.k, inputs.v, inputs.gate))
+
+
+def _timed_run(attend, inputs: "KernelInputs", causal: bool, scale: float | None, backward: bool):
+    """One call of `attend` on the call's inputs, detached from the caller's graph (its gradients stay untouched):
+    the forward, and the backward of a gradient of ones where `backward`."""
+
+    def run():
+        leaves = [None if t is None else t.detach().requires_grad_(backward)
+                  for t in (inputs.q, inputs.k, inputs.v, inputs.gate)]
+        with torch.set_grad_enabled(backward):
+            out = attend(*leaves, causal=causal, scale=scale, **inputs.varlen)
+            if backward:
+                out.backward(torch.ones_like(out))
+
+    return run
+
+
+def _say_choice(key: "choice.ChoiceKey", chosen: "choice.Choice") -> None:
+    """The one log line of a choice: which path runs and the two times."""
+    if chosen.failure is not None:
+        logger.warning(f"{ATTENTION_NAME}: {key.describe()}: {chosen.failure}; running SDPA + a separate sigmoid gate")
+        return
+    ran = "the fused kernel" if chosen.kernel else "SDPA + a separate sigmoid gate"
+    where = f" (measured in an earlier run: {choice.cache_file(key.combo.device)})" if chosen.from_file else ""
+    logger.info(f"{ATTENTION_NAME}: {key.describe()}: fused kernel {chosen.kernel_ms:.4g} ms, SDPA + gate "
+                f"{chosen.sdpa_ms:.4g} ms{where}; running {ran}")
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -115,6 +178,10 @@ class KernelInputs:
     @property
     def longest_query(self) -> int:
         return self.varlen["max_seqlen_q"] if self.varlen else self.q.shape[1]
+
+    @property
+    def longest_key(self) -> int:
+        return self.varlen["max_seqlen_k"] if self.varlen else self.k.shape[1]
 
     def restore(self, out: torch.Tensor) -> torch.Tensor:
         """The attention output in Transformers' `[B, S_q, Hq, D]` (padded query rows are zeros)."""
@@ -258,15 +325,15 @@ def _refuse_what_the_kernel_lacks(attention_mask: torch.Tensor | None, dropout: 
                          f"{tuple(attention_mask.shape)}; use 'sdpa' or 'eager' for custom 4-D masks")
 
 
-def _attention_for(inputs: KernelInputs, causal: bool):
-    """The kernel (`gated_attention`) where it can run these inputs and may (`GATED_QWEN_KERNEL`, the self-check),
-    else `sdpa_gated_attention`."""
+def _attention_for(inputs: KernelInputs, causal: bool, scale: float | None):
+    """The kernel (`gated_attention`) where it can run these inputs and may (`GATED_QWEN_KERNEL`, the self-check, on a
+    CUDA GPU the measured choice), else `sdpa_gated_attention`."""
     reason = gated_attention_unsupported_reason(inputs.q, inputs.k, inputs.v, inputs.gate,
                                                 cu_seqlens_q=inputs.varlen.get("cu_seqlens_q"),
                                                 cu_seqlens_k=inputs.varlen.get("cu_seqlens_k"))
     if reason is None:
         combo = combination_of(inputs.q, inputs.gate, causal, bool(inputs.varlen), inputs.longest_query)
-        reason = _kernel_verdict(combo)
+        reason = _kernel_verdict(inputs, combo, causal, scale)
     elif not torch.compiler.is_compiling():
         _warn_once(f"{ATTENTION_NAME}: the Triton kernel cannot run here ({reason}); using SDPA + a separate "
                    "sigmoid gate instead")
@@ -296,7 +363,7 @@ def gated_attention_forward(
     causal = getattr(module, "is_causal", True) if causal is None else bool(causal)
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # [B, S, H, D] views, no copy
     inputs = kernel_inputs(q, k, v, output_gate, attention_mask, kwargs)
-    attend = _attention_for(inputs, causal)
+    attend = _attention_for(inputs, causal, scaling)
     out = attend(inputs.q, inputs.k, inputs.v, inputs.gate, causal=causal, scale=scaling, **inputs.varlen)
     return inputs.restore(out), None
 
