@@ -17,7 +17,7 @@ TORCH_INDEX ?=
 # pip warns about every missing folder of the machine's configured package mirrors; those lines say nothing.
 QUIET := 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
 
-.PHONY: setup test test-fast test-latest test-compat device-wheels test-serving bench-serving lock-serving demo confirm lint lock clean \
+.PHONY: setup test test-slow test-latest test-compat device-wheels test-serving bench-serving lock-serving demo confirm lint lock clean \
 	gpu-check test-distributed lock-distributed test-llama test-mlx test-onnx bench-local kernel-repo
 
 setup: $(STAMP)
@@ -33,11 +33,12 @@ $(STAMP): $(LOCK) pyproject.toml Makefile
 PYTEST = $(1)/bin/python -m pytest -q -n 2 --dist loadfile
 
 # Tests marked `compat` need .venv-compat and .device-wheels: `make test-compat` runs them, these targets deselect them.
+# `make test` leaves out the tests marked `slow`; `make test-slow` runs them.
 test: $(STAMP)
-	$(call PYTEST,$(VENV)) -m "not compat"
-
-test-fast: $(STAMP)
 	$(call PYTEST,$(VENV)) -m "not slow and not compat"
+
+test-slow: $(STAMP)
+	$(call PYTEST,$(VENV)) -m "slow and not compat"
 
 # The same suite against the newest releases pyproject.toml allows (torch stays the build of the lock: any other
 # version pulls a multi-GB CUDA build on a CPU machine). Run it on purpose to find drift before `make lock`.
@@ -194,7 +195,7 @@ lock-distributed:
 		sys.stdout.writelines(l for l in sys.stdin if '==' in l and norm(l) not in pinned)" >> $(DIST_LOCK_VENV)/lock
 	mv $(DIST_LOCK_VENV)/lock $(DIST_LOCK) && rm -rf $(DIST_LOCK_VENV)
 
-# Local inference with llama.cpp (tests/llama, docs/local.md): its own environment, .venv-llama, from
+# Local inference with llama.cpp (tests/engine_llama, docs/local.md): its own environment, .venv-llama, from
 # requirements/cpu.lock and requirements/llama.lock. llama-cpp-python is built from the source release the lock names
 # (CPU backend, without its multimodal library; 14 minutes on 2 quiet cores, over an hour under a load of 10; run with
 # nice), once: the wheel is kept in .venv-llama/wheels and reused while the lock names that version. The same source
@@ -229,9 +230,9 @@ $(LLAMA_STAMP): requirements/cpu.lock $(LLAMA_LOCK) pyproject.toml Makefile | $(
 	touch $(LLAMA_STAMP)
 
 test-llama: $(LLAMA_STAMP)
-	$(LLAMA_PY) -m pytest -q -p no:cacheprovider tests/llama
+	$(LLAMA_PY) -m pytest -q -p no:cacheprovider tests/engine_llama
 
-# Local inference with MLX (tests/mlx, docs/local.md): its own environment, .venv-mlx, from requirements/cpu.lock and
+# Local inference with MLX (tests/engine_mlx, docs/local.md): its own environment, .venv-mlx, from requirements/cpu.lock and
 # requirements/mlx.lock (mlx with its CPU backend, mlx-lm), then this package. mlx's Linux wheels run the same code as
 # on Apple silicon, on the CPU; about a minute to install with pip's cache warm.
 MLX       := .venv-mlx
@@ -247,9 +248,9 @@ $(MLX_STAMP): requirements/cpu.lock $(MLX_LOCK) pyproject.toml Makefile
 	touch $(MLX_STAMP)
 
 test-mlx: $(MLX_STAMP)
-	$(MLX_PY) -m pytest -q -p no:cacheprovider tests/mlx
+	$(MLX_PY) -m pytest -q -p no:cacheprovider tests/engine_mlx
 
-# Local inference with ONNX Runtime (tests/onnx, docs/local.md): its own environment, .venv-onnx, from
+# Local inference with ONNX Runtime (tests/engine_onnx, docs/local.md): its own environment, .venv-onnx, from
 # requirements/cpu.lock and requirements/onnx.lock (onnx, ONNX Runtime and what its quantizer needs), then this
 # package. About a minute to install with pip's cache warm.
 ONNX       := .venv-onnx
@@ -275,16 +276,16 @@ $(OPTIMUM_STAMP): requirements/optimum.lock
 	$(OPTIMUM)/bin/python -c "import optimum.onnxruntime, transformers; assert transformers.__version__ == '4.57.6'"
 	touch $(OPTIMUM_STAMP)
 
-# Transformers.js in Node runs them too: tests/onnx/js/node_modules from its package-lock.json (npm ci; install
+# Transformers.js in Node runs them too: tests/engine_onnx/js/node_modules from its package-lock.json (npm ci; install
 # scripts off: onnxruntime-node's would fetch GPU libraries, its CPU one is in the package).
-ONNX_JS := tests/onnx/js/node_modules/.installed
+ONNX_JS := tests/engine_onnx/js/node_modules/.installed
 
-$(ONNX_JS): tests/onnx/js/package-lock.json
-	cd tests/onnx/js && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
+$(ONNX_JS): tests/engine_onnx/js/package-lock.json
+	cd tests/engine_onnx/js && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
 	touch $(ONNX_JS)
 
 test-onnx: $(ONNX_STAMP) $(OPTIMUM_STAMP) $(ONNX_JS)
-	GATED_QWEN_OPTIMUM_PYTHON=$(CURDIR)/$(OPTIMUM)/bin/python $(ONNX_PY) -m pytest -q -p no:cacheprovider tests/onnx
+	GATED_QWEN_OPTIMUM_PYTHON=$(CURDIR)/$(OPTIMUM)/bin/python $(ONNX_PY) -m pytest -q -p no:cacheprovider tests/engine_onnx
 
 # tokens/s of one gated model in Transformers' generate, llama.cpp, MLX (CPU) and ONNX Runtime, float32 and each
 # engine's own quantization, in one run, interleaved; see benchmarks/local_speed.py and benchmarks/RESULTS.md.
@@ -337,4 +338,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 
 clean:
-	rm -rf $(VENV) $(LATEST) $(TOOLS) $(SERVING) $(COMPAT) $(DIST) $(LLAMA) $(MLX) $(ONNX) $(OPTIMUM) tests/onnx/js/node_modules $(DEVICE_WHEELS) build src/*.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(LATEST) $(TOOLS) $(SERVING) $(COMPAT) $(DIST) $(LLAMA) $(MLX) $(ONNX) $(OPTIMUM) tests/engine_onnx/js/node_modules $(DEVICE_WHEELS) build src/*.egg-info .pytest_cache .hypothesis

@@ -1,4 +1,4 @@
-"""What tests/integrations/test_accelerate.py (DDP and FSDP2, in `make test`) and tests/distributed/test_deepspeed.py (DeepSpeed
+"""What tests/integrations/test_accelerate.py (DDP and FSDP2, in `make test-slow`) and tests/distributed/test_deepspeed.py (DeepSpeed
 ZeRO-2/3, `make test-distributed`) share: the tiny gated models, the data, the one-process reference, the
 `accelerate launch` command a user runs, and the comparisons.
 

@@ -9,9 +9,9 @@ The tests' models are tiny: they gain nothing from several intra-op threads, and
 parallel region waits for descheduled threads (a 40-step Trainer run took 0.8 s on one thread, 64 s on two), so the
 suite runs on one thread per process (`make test` runs two processes).
 
-The folders of the other environments (`ENVIRONMENT_FOLDERS`: tests/serving, tests/llama, tests/mlx, tests/onnx, each
-with its make target and virtual environment, never collected by `make test`) mark their tests with the folder's
-name (the markers in pyproject.toml).
+The folders of the other environments (`ENVIRONMENT_FOLDERS`: tests/serving, tests/engine_llama, tests/engine_mlx,
+tests/engine_onnx, each with its make target and virtual environment, never collected by `make test`) mark their tests
+with the environment's marker (in pyproject.toml).
 
 Without a GPU the Triton kernel runs under the Triton interpreter; that switch must be set before any
 `@triton.jit` function is defined, i.e. before `gated_qwen` is imported anywhere in the test process.
@@ -81,16 +81,16 @@ def _snapshot(folder: Path) -> dict[str, int]:
     return {str(p): p.stat().st_mtime_ns for p in folder.rglob("*")} if folder.is_dir() else {}
 
 
-ENVIRONMENT_FOLDERS = ("serving", "llama", "mlx", "onnx")
+ENVIRONMENT_FOLDERS = {"serving": "serving", "engine_llama": "llama", "engine_mlx": "mlx", "engine_onnx": "onnx"}
 
 
 def pytest_collection_modifyitems(items):
     tests = Path(__file__).resolve().parent
     for item in items:
         parents = Path(item.fspath).parents
-        for name in ENVIRONMENT_FOLDERS:
-            if tests / name in parents:
-                item.add_marker(getattr(pytest.mark, name))
+        for folder, marker in ENVIRONMENT_FOLDERS.items():
+            if tests / folder in parents:
+                item.add_marker(getattr(pytest.mark, marker))
 
 
 def pytest_sessionstart(session):

@@ -1,4 +1,4 @@
-"""The tiny models that the local-inference checks (tests/llama, tests/mlx, tests/onnx) run in another engine, and
+"""The tiny models that the local-inference checks (tests/engine_llama, tests/engine_mlx, tests/engine_onnx) run in another engine, and
 Transformers' answers they are held against: every position's float32 logits of fixed prompts, and greedy tokens.
 
 `build` saves a random GatedQwen (GatedQwen-MoE with experts) whose norms, biases and constant gate logits are random

@@ -31,8 +31,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
-# Pages whose examples take more than ~20 s of CPU (they run in `make test`, not in `make test-fast`).
-SLOW_PAGES = {"docs/analysis.md", "docs/kernel.md", "docs/conversion.md", "docs/moe.md"}
+# Pages whose examples take more than ~20 s of CPU (marked slow: `make test-slow` runs them, `make test` does not).
+SLOW_PAGES = {"docs/analysis.md", "docs/kernel.md", "docs/conversion.md", "docs/moe.md", "docs/local.md",
+              "docs/loading.md"}
 # A net for a page whose examples hang, never the verdict on a slow machine: the slowest page (docs/analysis.md) takes
 # about 90 CPU-seconds (3 min of wall time at a load of 10 on 2 cores), and a machine shared with other jobs can be
 # 10x slower than that; 600 s once failed `make test` at a load of 15-22 (issue 32).

@@ -108,7 +108,9 @@ def _run(args) -> int:
     except Exception as error:
         if os.environ.get("GATED_QWEN_TRACEBACK"):
             raise
-        expected = isinstance(error, (ValueError, OSError)) or type(error).__name__.startswith("StrictDataclass")
+        # ModuleNotFoundError: an optional package that is not installed (the message names its extra)
+        expected = (isinstance(error, (ValueError, OSError, ModuleNotFoundError))
+                    or type(error).__name__.startswith("StrictDataclass"))
         message = _one_line(error) if expected else (
             f"unexpected {type(error).__name__}: {_one_line(error)} (please report this; GATED_QWEN_TRACEBACK=1 "
             "shows where it happened)")

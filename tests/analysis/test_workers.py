@@ -36,11 +36,21 @@ class Run:
             self.scratch = env["TMPDIR"] = tmp_path / scratch
             self.scratch.mkdir(exist_ok=True)
         self.out = tmp_path / out
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "gated_qwen.cli", "reproduce", "--preset", "smoke", "--steps", str(steps), "--jobs",
-             str(jobs), "--out", str(self.out), *(["--families", "main"] if main_models_only
-                                                  else [])], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            start_new_session=True, env={name: str(value) for name, value in env.items()})
+        # A process started with Ctrl-C ignored (a shell's background job, nohup: how a test run may be started)
+        # passes that on, and Python keeps it ignored: the command would then never see the test's Ctrl-C and would
+        # run to its end (status 0, or minutes past the test's wait with long runs). It starts as from a terminal.
+        ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "gated_qwen.cli", "reproduce", "--preset", "smoke", "--steps", str(steps),
+                 "--jobs", str(jobs), "--out", str(self.out), *(["--families", "main"] if main_models_only else [])],
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+                env={name: str(value) for name, value in env.items()})
+        finally:
+            if ignored:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
         self.err = b""
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -76,6 +86,22 @@ class Run:
         assert len(workers) == (2 if scratch_folders == 2 else 0)
         return workers
 
+    def frozen_while_training(self) -> list[int]:
+        """Both workers stopped (SIGSTOP) in the middle of a run, so the command cannot end before the test acts,
+        however long its runs are; returns their ids. (A run removes its scratch folder when it ends: both folders
+        still there once the workers are stopped means both are mid-run.)"""
+        while True:
+            workers = self.wait_for_training()
+            for worker in workers:
+                os.kill(worker, signal.SIGSTOP)
+            while not all(state(worker) in ("T", None, "Z") for worker in workers):
+                time.sleep(0.05)
+            if len(self.trainer_scratch()) == 2 and self.process.poll() is None:
+                return workers
+            for worker in workers:  # a run ended in between: let them go on, and catch the next ones
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(worker, signal.SIGCONT)
+
     def finish(self) -> str:
         """Waits for the parent and its stderr (which the workers share: closed when the last of them ends)."""
         self.process.wait(timeout=120)
@@ -91,17 +117,26 @@ def owner_pid(folder: Path) -> int | None:
         return None
 
 
+def state(pid: int) -> str | None:
+    """The process's state letter (R running, S sleeping, T stopped, Z zombie, ...), None once it is reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def signals(pid: int, field: str) -> set[int]:
+    """The signals of a `/proc/PID/status` mask (`SigIgn`: ignored, `ShdPnd`: sent to the process, pending)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            mask = int(line.split()[1], 16)
+            return {number for number in range(1, 65) if mask >> (number - 1) & 1}
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
 def alive(pids: list[int]) -> list[int]:
     """Those of `pids` that still run (a zombie, ended and waiting to be reaped, does not)."""
-    running = []
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z":
-            running.append(pid)
-    return running
+    return [pid for pid in pids if state(pid) not in (None, "Z")]
 
 
 def wait_until_gone(pids: list[int], seconds: float = 10) -> list[int]:
@@ -131,12 +166,19 @@ def run(tmp_path):
 
 
 def test_ctrl_c_prints_one_line_and_stops_the_workers(run, tmp_path):
-    workers = run.wait_for_training()
-    for worker in workers:  # Ctrl-C is the parent's to handle: a worker goes on, quietly
-        os.kill(worker, signal.SIGINT)
-    time.sleep(1)
-    assert alive(workers) == workers and b"Traceback" not in run.err
+    """Ctrl-C in the middle of the runs. The workers are held (stopped) mid-run until the parent has asked each to
+    end (its SIGTERM pending on them), so the signal always meets a training command, however long its runs."""
+    workers = run.frozen_while_training()
+    assert signal.SIGINT in signals(run.process.pid, "SigCgt")  # the command handles Ctrl-C
+    for worker in workers:  # Ctrl-C is the parent's to handle: a worker ignores it
+        assert signal.SIGINT in signals(worker, "SigIgn")
     os.killpg(run.process.pid, signal.SIGINT)  # what a terminal sends to the whole foreground group
+    deadline = time.monotonic() + 300  # against a hang only
+    while not all(signal.SIGTERM in signals(worker, "ShdPnd") for worker in workers):
+        assert run.process.poll() is None and time.monotonic() < deadline, run.err.decode()[-2000:]
+        time.sleep(0.05)
+    for worker in workers:
+        os.kill(worker, signal.SIGCONT)
     err = run.finish()
     assert run.process.returncode == 130, err[-2000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
@@ -261,3 +303,32 @@ def test_a_worker_waiting_in_c_ends_on_sigterm_whichever_thread_it_lands_on(tmp_
 
 def waiting_in_c(pid: int) -> bool:
     return Path(f"/proc/{pid}/wchan").read_text() in ("futex_wait_queue", "futex_do_wait", "futex_wait")
+
+
+def big_result(item: int) -> bytes:
+    """A result many times larger than a pipe holds (64 KiB): a worker hands it back in many writes."""
+    return bytes(64 * 2**20)
+
+
+STOP_EARLY = """
+import sys
+from contextlib import closing
+
+sys.path.insert(0, {folder!r})
+from test_workers import big_result
+
+from gated_qwen.analysis.miniature.workers import run_in_workers
+
+with closing(run_in_workers(big_result, range(4), 2)) as results:
+    next(results)  # the first result, while the other worker hands back its own; then the caller stops early
+print("stopped")
+"""
+
+
+def test_stopping_while_a_worker_hands_back_a_result_ends(tmp_path):
+    """Workers stopped while one of them is in the middle of handing back a large result (a trained model): the pool
+    ends. (The pool's reader once waited for the rest of that result forever, and `shutdown` with it; a Ctrl-C'd
+    command never ended.)"""
+    done = subprocess.run([sys.executable, "-c", STOP_EARLY.format(folder=str(Path(__file__).parent))],
+                          capture_output=True, text=True, timeout=300, check=False)  # the timeout: against a hang
+    assert done.returncode == 0 and done.stdout == "stopped\n", done.stderr[-2000:]

@@ -368,6 +368,7 @@ def test_other_misshapen_tensors_are_named_unless_mismatches_are_ignored(tmp_pat
 
 def test_analyze_reads_a_release_folder_directly(tmp_path):
     """`gated-qwen analyze` on the paper's layout: the same report as on the converted folder."""
+    pytest.importorskip("matplotlib", reason="needs the analysis extra: pip install 'gated-qwen[analysis]'")
     release = tmp_path / "release"
     write_release(release, "elementwise", 2)
     convert(release, tmp_path / "converted", from_format="release", verify=False)

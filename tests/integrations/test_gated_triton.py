@@ -13,7 +13,7 @@ import copy
 import pytest
 import torch
 
-pytest.importorskip("triton")
+pytest.importorskip("triton", reason="needs the triton extra: pip install 'gated-qwen[triton]'")
 
 from helpers import KernelLaunch, kernel_launches
 from transformers import DataCollatorWithFlattening

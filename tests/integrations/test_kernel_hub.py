@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("kernels")
-pytest.importorskip("triton")
+pytest.importorskip("kernels", reason="needs the kernels extra: pip install 'gated-qwen[kernels]'")
+pytest.importorskip("triton", reason="needs the triton extra: pip install 'gated-qwen[triton]'")
 
 import kernels
 from helpers import SMALL, randomize_

@@ -6,6 +6,9 @@ import subprocess
 import sys
 
 import pytest
+
+pytest.importorskip("peft", reason="needs the peft extra: pip install 'gated-qwen[peft]'")
+
 import torch
 from helpers import TINY
 from peft import LoraConfig, PeftModel, get_peft_model

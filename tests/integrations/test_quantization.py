@@ -15,8 +15,8 @@ from transformers import AutoModelForCausalLM, QuantoConfig, Qwen3Config, Qwen3F
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
 from gated_qwen.conversion import CheckpointFormatError, convert
 
-pytest.importorskip("optimum.quanto")
-pytest.importorskip("torchao")
+pytest.importorskip("optimum.quanto", reason="needs the quant extra: pip install 'gated-qwen[quant]'")
+pytest.importorskip("torchao", reason="needs the quant extra: pip install 'gated-qwen[quant]'")
 
 IDS = torch.randint(0, TINY["vocab_size"], (2, 9), generator=torch.Generator().manual_seed(4))
 

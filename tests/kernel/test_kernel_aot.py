@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("triton")
+pytest.importorskip("triton", reason="needs the triton extra: pip install 'gated-qwen[triton]'")
 
 from gated_qwen.kernel.tuning import allowed_entries
 
@@ -90,7 +90,7 @@ def test_each_triton_tries_the_entries_its_compiler_does_not_spill(monkeypatch, 
     """Triton 3.7.1 spills in sm_80 forward tiles of head dim 128 that 3.9 compiles cleanly, 3.6.0 also in one of
     head dim 64, 3.5.1 also in a sm_90 dK/dV tile: below 3.9, 3.7 and 3.6 the tuner tries the replacement lists for
     those, an older Triton inherits the newer ones', and everything else tries the main space (the AOT grids check
-    the lists under 3.7.1 in `make test` and under 3.6.0 in `make test-compat`)."""
+    the lists under 3.7.1 in `make test-slow` and under 3.6.0 in `make test-compat`)."""
     from gated_qwen.kernel import tuning
 
     monkeypatch.setattr(tuning, "TRITON_VERSION", installed)

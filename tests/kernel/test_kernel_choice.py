@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-pytest.importorskip("triton")
+pytest.importorskip("triton", reason="needs the triton extra: pip install 'gated-qwen[triton]'")
 
 from helpers import SMALL, randomize_, sizes
 

@@ -8,7 +8,7 @@ import logging
 import pytest
 import torch
 
-pytest.importorskip("triton")
+pytest.importorskip("triton", reason="needs the triton extra: pip install 'gated-qwen[triton]'")
 
 from helpers import KernelLaunch, kernel_launches
 

@@ -12,7 +12,7 @@ import os
 import pytest
 import torch
 
-pytest.importorskip("triton")
+pytest.importorskip("triton", reason="needs the triton extra: pip install 'gated-qwen[triton]'")
 
 from gated_qwen import kernel as tga
 from gated_qwen.kernel import gated_attention, naive_gated_attention
@@ -84,7 +84,7 @@ def assert_matches(q, k, v, gate, **kwargs):
 
 
 HEADS = {"mha": (2, 2), "gqa2": (4, 2), "gqa4": (4, 1), "gqa3": (3, 1)}
-# The fast set (`make test-fast`) keeps one case per gate kind, mask and GQA shape; the rest of the matrix is slow.
+# `make test` (the tests not marked slow) keeps one case per gate kind, mask and GQA shape; the rest of the matrix is slow.
 FAST_DENSE = {"causal-gqa2-elementwise", "full-mha-headwise", "causal-gqa3-None", "full-gqa4-elementwise"}
 DENSE_CASES = [
     pytest.param(causal, heads, gate_kind, id=name, marks=() if name in FAST_DENSE else pytest.mark.slow)

@@ -48,14 +48,21 @@ def test_model_apply_visits_every_submodule(class_name, config_class, size, gate
         assert all(not layer.self_attn.gate.g_proj.weight.any() for layer in layers)
 
 
+# The kernel's `@triton.jit` modules, imported only where Triton is installed (the triton extra).
+TRITON_ONLY = {"gated_qwen.kernel.jit_helpers", "gated_qwen.kernel.parallel", "gated_qwen.kernel.decoding"}
+
+
 def _package_module_classes():
-    """Every `nn.Module` subclass defined in the package's importable modules (the vLLM ones need vLLM)."""
+    """Every `nn.Module` subclass defined in the package's importable modules (the vLLM ones need vLLM, the kernel's
+    Triton modules Triton)."""
     classes = {}
     root = Path(gated_qwen.__file__).parent
     for path in sorted(root.rglob("*.py")):  # files, not pkgutil: it skips model/, a namespace package
         parts = path.relative_to(root.parent).with_suffix("").parts
         name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
         if name.startswith("gated_qwen.integrations.vllm"):
+            continue
+        if name in TRITON_ONLY and not gated_qwen.kernel.triton_available():
             continue
         module = importlib.import_module(name)
         for value in vars(module).values():

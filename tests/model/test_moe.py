@@ -131,10 +131,16 @@ def test_parallel_plans_are_qwen3_moe_and_qwen3_next_plans():
 
 
 # ------------------------------------------------------------------------ dense and MoE: separate model types
-def test_only_the_moe_classes_have_experts_machinery():
+def test_only_the_moe_classes_have_experts_machinery(monkeypatch):
     """What Transformers reads to treat a class as a mixture of experts: the experts decorator in the class's
-    source file, `router_logits` in its outputs, the expert key mapping. The dense classes have none of them."""
+    source file, `router_logits` in its outputs, the expert key mapping (registered when a model is built, as in a
+    fresh process: Transformers' registry starts here as a fresh process has it, whatever ran before). The dense
+    classes have none of them."""
+    from transformers import conversion_mapping
     from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+
+    monkeypatch.setattr(conversion_mapping, "_checkpoint_conversion_mapping_cache", None)
+    monkeypatch.setattr(conversion_mapping, "USER_REGISTERED_MAPPINGS", set())
 
     from gated_qwen.model.modeling_gated import GatedQwenCausalLMOutputWithPast, GatedQwenModelOutputWithPast
 
@@ -145,13 +151,14 @@ def test_only_the_moe_classes_have_experts_machinery():
         assert "gate_logits" in output.__dataclass_fields__
     assert "router_logits" in GatedQwenMoeForCausalLM.forward.__annotations__["return"].__dataclass_fields__
     assert "output_router_logits" not in GatedQwenConfig().to_dict()
+    assert get_checkpoint_conversion_mapping("gated_qwen_moe") is None  # nothing registered before a model is built
+    # what a model built from each config is given, whichever kind is built first: Qwen3's and Qwen3-MoE's
+    dense = GatedQwenForCausalLM(GatedQwenConfig(**sizes(SMALL))).config._experts_implementation
+    moe = GatedQwenMoeForCausalLM(GatedQwenMoeConfig(**tiny())).config._experts_implementation
     assert get_checkpoint_conversion_mapping("gated_qwen") is None  # a dense folder loads with no conversion at all
     moe_sources = [str(t.source_patterns) for t in get_checkpoint_conversion_mapping("gated_qwen_moe")]
     assert moe_sources == [str(t.source_patterns) for t in get_checkpoint_conversion_mapping("qwen3_moe")]
     assert any("experts" in p for p in moe_sources)  # Qwen3-MoE's experts, one tensor each on disk
-    # what a model built from each config is given, whichever kind is built first: Qwen3's and Qwen3-MoE's
-    dense = GatedQwenForCausalLM(GatedQwenConfig(**sizes(SMALL))).config._experts_implementation
-    moe = GatedQwenMoeForCausalLM(GatedQwenMoeConfig(**tiny())).config._experts_implementation
     assert dense == Qwen3ForCausalLM(Qwen3Config(**sizes(SMALL))).config._experts_implementation == "eager"
     assert moe == Qwen3MoeForCausalLM(Qwen3MoeConfig(**tiny())).config._experts_implementation == "grouped_mm"
 
@@ -543,6 +550,7 @@ def test_save_load_and_remote_code_without_the_package(tmp_path):
 def test_analyze_reads_a_mixture_of_experts_folder(tmp_path):
     """`gated-qwen analyze` loads a GatedQwen-MoE folder with its class and reports what `analyze` measures on the
     model itself."""
+    pytest.importorskip("matplotlib", reason="needs the analysis extra: pip install 'gated-qwen[analysis]'")
     from safetensors.torch import save_file
 
     from gated_qwen.analysis import analyze

@@ -4,7 +4,7 @@ the Hub meets it), dense and mixture of experts: a checkpoint without one of its
 shape, is refused in one line naming the layer and the tensor, rather than starting that gate at random; any other
 tensor of another shape is refused unless `ignore_mismatched_sizes=True`; a bad config value is refused, naming the
 field; a folder of another format (the paper's release) is refused, naming the package that reads it. Each refusal is
-the package's own message for the same folder. `make test` runs this under Transformers 5.24, `make test-compat`
+the package's own message for the same folder. `make test-slow` runs this under Transformers 5.24, `make test-compat`
 under 5.17 and `make test-serving` under 5.19."""
 
 import json

@@ -16,8 +16,9 @@ LINE_STYLES = ("-", "--", "-.", (0, (1, 1)), (0, (5, 1)))
 def _pyplot():
     try:
         import matplotlib
-    except ImportError as error:  # pragma: no cover - matplotlib is a declared dependency of the `analysis` extra
-        raise ImportError("Plots need matplotlib: pip install 'gated-qwen[analysis]'.") from error
+    except ImportError as error:  # matplotlib comes with the `analysis` extra
+        raise ModuleNotFoundError("plots need matplotlib, which is not installed: pip install 'gated-qwen[analysis]'.",
+                                  name="matplotlib") from error
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -1,6 +1,8 @@
 """The conversion's errors (standard library only, so the command line can name them without the model stack).
 The command line prints each as one line: `ConversionError` exits with 2 (refused), `VerificationError` with 1."""
 
+import importlib
+
 
 class CheckpointFormatError(ValueError):
     """A config.json or tensor of another format that GatedQwen cannot read as a model it computes, whether
@@ -15,3 +17,15 @@ class VerificationError(ConversionError):
     """The converted model's logits differ from the source's beyond the stated tolerance."""
 
     exit_code = 1
+
+
+def import_extra(module: str, refusal: str):
+    """The optional package `module`, or a `ConversionError(refusal)` where it is not installed. A folder of that name
+    on `sys.path` (an implicit namespace package, with no `__file__`) is not the package."""
+    try:
+        imported = importlib.import_module(module)
+    except ImportError:
+        imported = None
+    if getattr(imported, "__file__", None) is None:
+        raise ConversionError(refusal)
+    return imported

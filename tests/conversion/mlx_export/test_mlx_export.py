@@ -1,7 +1,6 @@
-"""`gated-qwen convert --to mlx` without mlx-lm (which `make test-mlx` runs, tests/mlx): the folder's tensors read back
-into stock Transformers `Qwen3_5ForCausalLM` / `Qwen3NextForCausalLM` give the source's logits (`--verify`), a folder
-written wrong fails that check, and every refusal is one line with exit status 2 and nothing written. (The folder is
-not named `mlx`: pytest's `norecursedirs` keeps tests/mlx, which needs .venv-mlx, out of `make test` by that name.)"""
+"""`gated-qwen convert --to mlx` without mlx-lm (which `make test-mlx` runs, tests/engine_mlx): the folder's tensors
+read back into stock Transformers `Qwen3_5ForCausalLM` / `Qwen3NextForCausalLM` give the source's logits (`--verify`), a
+folder written wrong fails that check, and every refusal is one line with exit status 2 and nothing written."""
 
 from __future__ import annotations
 

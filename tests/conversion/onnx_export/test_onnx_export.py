@@ -1,7 +1,6 @@
 """`gated-qwen convert --to onnx` where ONNX Runtime is not installed (`make test-onnx` runs the conversion with it,
-tests/onnx): refused in one line, exit status 2, nothing written, as are the options of a safetensors folder. (The
-folder is not named `onnx`: pytest's `norecursedirs` keeps tests/onnx, which needs .venv-onnx, out of `make test` by
-that name.)"""
+tests/engine_onnx): refused in one line, exit status 2, nothing written, as are the options of a safetensors
+folder."""
 
 from __future__ import annotations
 

@@ -113,13 +113,24 @@ def run_in_workers(task: Callable, items: Iterable, jobs: int) -> Iterator:
 
 def _stop(executor, now: bool) -> None:
     """Ends the workers: `now`, whatever they are doing (SIGTERM: each removes its scratch and ends), else once idle;
-    returns when they have ended."""
+    returns when they have ended.
+
+    A worker ended while it handed back a result (a trained model, larger than a pipe holds) leaves the pool's
+    reader thread waiting for the rest of it, forever: the pipe's last open write end is this process's own copy, so
+    no end of file comes, and `shutdown` waits for that thread (a Ctrl-C'd command then never ended). Once the
+    workers have ended, that copy is closed: the read ends, the pool counts itself broken, and it shuts down."""
     if now:
+        processes = list((getattr(executor, "_processes", None) or {}).values())
         terminate = getattr(executor, "terminate_workers", None)  # Python 3.14; before, the pool's own table
         if terminate is not None:
             terminate()
-        for process in list((getattr(executor, "_processes", None) or {}).values()):
+        for process in processes:
             process.terminate()
+        for process in processes:
+            process.join()
+        results = getattr(executor, "_result_queue", None)
+        if results is not None:
+            results._writer.close()
     executor.shutdown(wait=True, cancel_futures=True)
 
 

@@ -16,7 +16,7 @@ fill the recurrent state's copy index (`rs_s_copy`) before every batch; with no 
 input, so the graph allocator gives it no buffer, and `llm_graph_input_mem_hybrid::set_input` aborts at the first
 token (`GGML_ASSERT(buffer) failed`, ggml-backend.cpp, in llama-cpp-python 0.3.36 and the newer llama.cpp
 sources read for docs/local.md). The layer's state is small (one key and one value head of Qwen3.5's size, 128); its zero FFN
-(or experts) cost one layer's worth of file. `tests/llama` holds a strict expected-failure test that passes the day
+(or experts) cost one layer's worth of file. `tests/engine_llama` holds a strict expected-failure test that passes the day
 llama.cpp runs a GGUF without it.
 
 Refused, besides the export's refusals: an o_proj bias (`attention_bias`: llama.cpp's attention has none), RoPE
@@ -39,7 +39,7 @@ from transformers import AutoModelForCausalLM, Qwen3_5TextConfig, Qwen3NextConfi
 from ...files import read_json_object, scratch_folder
 from ...model.configuration_gated_moe import GatedQwenMoeConfig
 from .. import io
-from ..errors import ConversionError, VerificationError
+from ..errors import ConversionError, VerificationError, import_extra
 from ..format import Format
 from ..io import TensorPlan, carry_files
 from ..plans import FINAL_NORM, LAYER_NORMS, load_gated_config
@@ -81,12 +81,8 @@ PRE_TOKENIZERS = {QWEN2_PATTERN: "qwen2", QWEN35_PATTERN: "qwen35"}
 
 
 def _gguf():
-    try:
-        import gguf
-    except ImportError:
-        raise ConversionError("--to gguf writes with the gguf package, which is not installed: pip install "
-                              "'gated-qwen[gguf]' (or pip install gguf).") from None
-    return gguf
+    return import_extra("gguf", "--to gguf writes with the gguf package, which is not installed: pip install "
+                                "'gated-qwen[gguf]' (or pip install gguf).")
 
 
 # ------------------------------------------------------------------------------------------------------ the plan

@@ -24,14 +24,14 @@ Transformers exports is read by mlx-lm as it is, and `--to mlx` writes what it n
   `trust_remote_code=True`): mlx-lm's own class with one fix. Its Qwen3.5 and Qwen3-Next build a linear-attention
   mask from the first layer's cache whatever that layer is (`ssm_idx = 0`), which fails at the first generation
   step with a KV cache when no layer is linear; the file sets that index to None, as mlx-lm's `pipeline()` does.
-  `tests/mlx` holds a strict expected failure that passes the day mlx-lm generates without it.
+  `tests/engine_mlx` holds a strict expected failure that passes the day mlx-lm generates without it.
 
 Refused, besides the export's refusals (other gate positions, additive gates, other activations,
 `sdpa_output_transform`, sliding-window layers, `use_qk_norm=False`): RoPE other than the default, linear and YaRN
 (`ROPE_FIELDS`: mlx-lm computes those as Transformers does, and ignores YaRN's `attention_factor` and `truncate`), and
 an activation other than SiLU (mlx-lm's MLP is SwiGLU). `--verify` reads the written tensors back into stock
 Transformers `Qwen3_5ForCausalLM` / `Qwen3NextForCausalLM` (`mlx_logits`); what mlx-lm itself computes is what
-`make test-mlx` checks (tests/mlx).
+`make test-mlx` checks (tests/engine_mlx).
 """
 
 from __future__ import annotations

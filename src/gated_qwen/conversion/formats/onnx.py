@@ -14,7 +14,7 @@ token's experts gathered, no branch on the routing that a trace would freeze).
 Optimum's own exporter (optimum-onnx 0.1.0, its latest release) is not what writes it: that release requires
 Transformers < 4.58 and this package Transformers 5, and its exporter and `ORTModelForCausalLM` know architectures
 by name only (docs/local.md says what was tried). `--verify` runs the graph in ONNX Runtime against the source in
-Transformers; `make test-onnx` (tests/onnx) checks generation with the KV cache and the int8 quantization.
+Transformers; `make test-onnx` (tests/engine_onnx) checks generation with the KV cache and the int8 quantization.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from ...files import write_json
 from ...model.configuration_gated_moe import GatedQwenMoeConfig
 from ...model.modeling_gated import GatedQwenForCausalLM
 from ...model.modeling_gated_moe import GatedQwenMoeForCausalLM
-from ..errors import ConversionError
+from ..errors import ConversionError, import_extra
 from ..format import Format
 from ..plans import load_gated_config
 
@@ -49,12 +49,8 @@ EXTERNAL_DATA_BYTES = 2**31 - 2**26  # past this the weights go beside the graph
 
 
 def _onnxruntime():
-    try:
-        import onnxruntime
-    except ImportError:
-        raise ConversionError("--to onnx checks what it writes with ONNX Runtime, which is not installed: pip install "
-                              "'gated-qwen[onnx]' (or pip install onnx onnxruntime).") from None
-    return onnxruntime
+    return import_extra("onnxruntime", "--to onnx checks what it writes with ONNX Runtime, which is not installed: "
+                                       "pip install 'gated-qwen[onnx]' (or pip install onnx onnxruntime).")
 
 
 def input_names(layers: int) -> list[str]:

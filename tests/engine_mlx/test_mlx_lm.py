@@ -2,7 +2,7 @@
 
 - `gated-qwen convert --to mlx` of tiny models of every variant mlx-lm expresses, loaded with `mlx_lm.load`: every
   position's logits of three prompts within 1e-3 of Transformers' (float32, relative to max(1, max |logit|), the
-  tolerance llama.cpp meets in tests/llama) and the greedy tokens of `mlx_lm.stream_generate` (its KV cache) equal
+  tolerance llama.cpp meets in tests/engine_llama) and the greedy tokens of `mlx_lm.stream_generate` (its KV cache) equal
   to Transformers' `generate`; each gated model farther than that from the same weights without the gate.
 - `mlx_lm.convert -q` (4-bit) and `--dtype bfloat16` of a briefly trained model: perplexity on held-out text with
   mlx-lm's own `eval_ppl`, beside the float32 folder's, which equals Transformers' perplexity.

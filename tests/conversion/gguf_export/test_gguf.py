@@ -1,5 +1,5 @@
 """`gated-qwen convert --to gguf` and the layer types every export declares, without llama.cpp (which
-`make test-llama` runs, tests/llama): the GGUF's tensors read back with the gguf package into stock Transformers
+`make test-llama` runs, tests/engine_llama): the GGUF's tensors read back with the gguf package into stock Transformers
 `Qwen3_5ForCausalLM` / `Qwen3NextForCausalLM` give the source's logits, their names and shapes are those llama.cpp's
 Qwen3.5 / Qwen3-Next loaders create (written out here from llama.cpp's `load_arch_tensors`), the vocabulary is the
 tokenizer's, and every refusal is one line with exit status 2 and nothing written."""
@@ -9,8 +9,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import gguf
 import pytest
+
+pytest.importorskip("gguf", reason="needs the gguf extra: pip install 'gated-qwen[gguf]'")
+
+import gguf
 import torch
 from helpers import SMALL, TINY_MOE, randomize_, sizes
 from test_docs import tiny_tokenizer

@@ -1,9 +1,9 @@
 """Runs a `gated-qwen convert --to onnx` folder with Transformers.js in headless Chromium (page.html: its web build on
-onnxruntime-web's WebAssembly backend) and prints what the page computed as JSON, for tests/onnx (make test-onnx):
+onnxruntime-web's WebAssembly backend) and prints what the page computed as JSON, for tests/engine_onnx (make test-onnx):
 
     python run_in_browser.py FOLDER '[[ids...], ...]' NEW_TOKENS
 
-A server on loopback (127.0.0.1, a free port) serves the page, tests/onnx/js/node_modules and the folder, and takes
+A server on loopback (127.0.0.1, a free port) serves the page, tests/engine_onnx/js/node_modules and the folder, and takes
 the page's one POST of its result; Chromium (Debian's `chromium`, headless, its own empty profile) loads the page and
 is ended once the result came, or after TIMEOUT_S.
 """

@@ -1,5 +1,5 @@
 // Runs a `gated-qwen convert --to onnx` folder with Transformers.js (@huggingface/transformers, in Node: its
-// onnxruntime-node backend, CPU) and prints what it computed as JSON, for tests/onnx (make test-onnx):
+// onnxruntime-node backend, CPU) and prints what it computed as JSON, for tests/engine_onnx (make test-onnx):
 //
 //     node run_transformers_js.mjs FOLDER '[[ids...], ...]' NEW_TOKENS
 //         -> {"logits": [[flat [positions x vocab]] per prompt], "greedy": [[NEW_TOKENS ids] per prompt]}

@@ -12,7 +12,7 @@
   held-out text beside the float32 graph's, which equals Transformers'.
 - The weights beside the graph in one `model.onnx_data` file (what a model past ONNX's 2 GB gets).
 - Optimum's `ORTModelForCausalLM` (optimum-onnx 0.1.0, in .venv-optimum with the Transformers it requires) and
-  Transformers.js 4.3.1 (in Node, and in headless Chromium on onnxruntime-web's WebAssembly backend: tests/onnx/js)
+  Transformers.js 4.3.1 (in Node, and in headless Chromium on onnxruntime-web's WebAssembly backend: tests/engine_onnx/js)
   run the folders: their logits and their `generate`, through the graph's KV cache, are Transformers'.
 """
 
@@ -239,7 +239,7 @@ def check_javascript_run(case: dict, command: list[str], engine: str) -> None:
 def test_transformers_js_runs_the_folder(cases, name):
     """Transformers.js in Node (onnxruntime-node, CPU), given the folder's config as a Qwen3's
     (js/run_transformers_js.mjs says why)."""
-    assert (JS / "node_modules" / ".installed").exists(), "`make test-onnx` installs tests/onnx/js/node_modules"
+    assert (JS / "node_modules" / ".installed").exists(), "`make test-onnx` installs tests/engine_onnx/js/node_modules"
     check_javascript_run(cases[name], ["node", str(JS / "run_transformers_js.mjs"), str(cases[name]["onnx"]),
                                        json.dumps(PROMPTS), str(NEW_TOKENS)], f"Transformers.js in Node, {name}")
 
@@ -251,6 +251,6 @@ def test_transformers_js_runs_the_folder(cases, name):
 def test_transformers_js_runs_the_folder_in_a_browser(cases, name):
     """Transformers.js's web build in headless Chromium, on onnxruntime-web's WebAssembly backend, served on loopback
     (js/run_in_browser.py, js/page.html)."""
-    assert (JS / "node_modules" / ".installed").exists(), "`make test-onnx` installs tests/onnx/js/node_modules"
+    assert (JS / "node_modules" / ".installed").exists(), "`make test-onnx` installs tests/engine_onnx/js/node_modules"
     check_javascript_run(cases[name], [sys.executable, str(JS / "run_in_browser.py"), str(cases[name]["onnx"]),
                                        json.dumps(PROMPTS), str(NEW_TOKENS)], f"Transformers.js in Chromium, {name}")
