@@ -106,10 +106,11 @@ SRC := $(abspath src)
 KERNEL_TESTS := tests/kernel/test_triton_kernel.py tests/integrations/test_gated_triton.py \
 	tests/kernel/test_kernel_selfcheck.py tests/kernel/test_kernel_choice.py tests/kernel/test_kernel_aot.py \
 	tests/kernel/test_gpu_check.py tests/kernel/test_gpu_check_device.py tests/integrations/test_kernel_hub.py
+CPIP = $(call PIP,.venv-compat) --no-index --no-deps --find-links $(DW) --target
 define compat_TESTS
 rm -rf $(SITE) $(KSITE)
-$(call PIP,.venv-compat) --no-index --no-deps --target $(SITE) $(DW)/*.whl $(QUIET)
-$(call PIP,.venv-compat) --no-index --no-deps --target $(KSITE) $(DW)/kernels-*.whl $(QUIET)
+$(CPIP) $(SITE) -r requirements/device-wheels.txt $(QUIET)
+$(CPIP) $(KSITE) kernels $(QUIET)
 PYTHONPATH=$(abspath $(SITE)):$(SRC) $(call PYTEST,.venv-compat) $(KERNEL_TESTS)
 PYTHONPATH=$(SRC) $(call RUN_PYTEST,.venv-compat) tests/model/test_transformers_compat.py tests/model/test_remote_code.py
 PYTHONPATH=$(SRC):$(abspath $(KSITE)) $(call RUN_PYTEST,.venv-compat) tests/integrations/test_kernel_hub.py

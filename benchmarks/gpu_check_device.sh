@@ -62,7 +62,8 @@ log=$staging/gpu_check.log
 run() {
     echo "gpu_check_device.sh $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -n): ${#wheel_files[@]} wheels from $wheels"
     "$python" -m pip install --quiet --disable-pip-version-check --no-index --no-deps --no-compile --no-cache-dir \
-        --target "$site" "${wheel_files[@]}" || { echo "pip could not install the wheels of $wheels"; return 2; }
+        --target "$site" --find-links "$wheels" -r "$root/requirements/device-wheels.txt" \
+        || { echo "pip could not install the wheels of $wheels"; return 2; }
     export PYTHONPATH="$site:$root/src${PYTHONPATH:+:$PYTHONPATH}"
     # Every distribution gated_qwen uses, with the folder it is imported from: the wheels' folder must win.
     "$python" - "$site" "$root/src" <<'EOF' || return 2

@@ -69,14 +69,14 @@ def kernel_launches() -> Iterator[list[KernelLaunch]]:
     where it was measured faster than SDPA + gate (`kernel/choice.py`), nothing is measured yet inside the block and
     the timer says the kernel is faster, so the kernel path is the one under test."""
     from gated_qwen.kernel import attention, choice
+    from gated_qwen.kernel.inputs import gate_kind
 
     launches: list[KernelLaunch] = []
     kernel = attention.gated_attention
 
     def spy(q, k, v, gate=None, **kwargs):
         packed = kwargs.get("cu_seqlens_q") is not None
-        gate_kind = None if gate is None else "headwise" if gate.shape[-1] == 1 else "elementwise"
-        launches.append(KernelLaunch(gate_kind, packed, kwargs["max_seqlen_q"] if packed else q.shape[1]))
+        launches.append(KernelLaunch(gate_kind(gate, q.shape[-1]), packed, kwargs["max_seqlen_q"] if packed else q.shape[1]))
         return kernel(q, k, v, gate, **kwargs)
 
     def kernel_faster(run, device, path):

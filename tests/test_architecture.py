@@ -20,7 +20,7 @@ from transformers.core_model_loading import PrefixChange, WeightRenaming
 
 import gated_qwen
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, GatedQwenMoeConfig, GatedQwenMoeForCausalLM
-from gated_qwen.model import configuration_gated, gating, modeling_gated, modeling_gated_moe
+from gated_qwen.model import configuration_gated, configuration_gated_moe, gating, modeling_gated, modeling_gated_moe
 
 PACKAGE = Path(gated_qwen.__file__).parent
 VARIANTS = {  # one of each kind of gate tensor, and a model without any
@@ -87,11 +87,12 @@ def test_transformers_reverse_loading_mapping_check(tmp_path, model_class, confi
 # the gate, the model and the Transformers version seam, with the mixture of experts' modeling file where it is one,
 # as a Transformers model folder holds its configuration and modeling files.
 MODEL = PACKAGE / "model"
-MOE_ONLY = {"modeling_gated_moe.py"}
+MOE_ONLY = {"configuration_gated_moe.py", "modeling_gated_moe.py"}
 # What the package adds to the shipped classes when it is imported (`gated_qwen.register`), never their own code
 # (their `from_pretrained` is their own: it refuses a missing gate tensor; the package replaces only the loading step
 # it calls, `_read_pretrained`, with one that also reads other formats).
-PACKAGE_HOOKS = {"read_other_formats", "read_pretrained", "push_to_hub", "checkpoint_reader", "hub_push"}
+PACKAGE_HOOKS = {"read_other_formats", "read_pretrained", "push_to_hub", "checkpoint_reader", "hub_push", "from_paper",
+                 "PAPER_PRESETS"}
 # Registration with the Auto classes is the package's (`gated_qwen.register`), never a shipped file's.
 AUTO_REGISTRATION = {"register_for_auto_class", "AutoConfig", "AutoModel", "AutoModelForCausalLM"}
 
@@ -112,7 +113,8 @@ def test_a_saved_folder_ships_the_model_folder_and_nothing_of_the_package(tmp_pa
     moe = model_class is GatedQwenMoeForCausalLM
     assert shipped == {path.name for path in MODEL.glob("*")} - (set() if moe else MOE_ONLY)
     if not moe:
-        assert sum(len(p.read_text().splitlines()) for p in tmp_path.glob("*.py")) <= 1600
+        lines = {p.name: len(p.read_text().splitlines()) for p in tmp_path.glob("*.py")}
+        assert sum(lines.values()) <= 1600 and lines["configuration_gated.py"] < lines["modeling_gated.py"]
     for path in tmp_path.glob("*.py"):
         assert path.read_bytes() == (MODEL / path.name).read_bytes()
         for node in ast.walk(ast.parse(path.read_text())):
@@ -203,6 +205,14 @@ def test_no_import_circle():
         visit(module, [])
 
 
+def test_the_integrations_import_nothing_from_the_package_above_them():
+    """integrations/ plugs the lower rooms (model, kernel, files, conversion) into other libraries: none of its
+    modules imports the package's front door (`gated_qwen/__init__.py`), which imports them."""
+    for path in (PACKAGE / "integrations").glob("*.py"):
+        module = "gated_qwen.integrations" + ("" if path.name == "__init__.py" else f".{path.stem}")
+        assert "gated_qwen" not in _imports(path, module), path.name
+
+
 def test_the_gate_registry_is_the_one_source_of_the_configs_values():
     """Each gate field accepts exactly the registry's values (adding an activation is one entry of
     `gating.ACTIVATIONS`), and the package's public names are those its modules define."""
@@ -212,7 +222,8 @@ def test_the_gate_registry_is_the_one_source_of_the_configs_values():
     assert typing.get_args(fields["gate_activation"].type) == tuple(gating.ACTIVATIONS)
     assert typing.get_args(typing.get_args(fields["sdpa_output_transform"].type)[0]) == gating.SDPA_OUTPUT_TRANSFORMS
     assert {k: fields[k].default for k in gating.DEFAULTS} == gating.DEFAULTS
-    defined = {*configuration_gated.__all__, *modeling_gated.__all__, *modeling_gated_moe.__all__, "register"}
+    defined = {*configuration_gated.__all__, *configuration_gated_moe.__all__, *modeling_gated.__all__,
+               *modeling_gated_moe.__all__, "register"}
     assert set(gated_qwen.__all__) == defined
 
 

@@ -1,6 +1,7 @@
-"""The package's face: `import gated_qwen` loads neither torch nor Transformers, yet whichever way a program reaches
-the model (a name of the package, Transformers first or last, a module of the package imported directly), the
-Auto classes know `model_type="gated_qwen"` and `"gated_qwen_moe"` by the time it uses them. Each case runs in a fresh interpreter."""
+"""The package's face: `import gated_qwen` registers it with Transformers' Auto classes, as flash-linear-attention
+and PEFT register theirs, with no import hook and no lazy attribute; whichever way a program reaches the model (a
+name of the package, Transformers first or last, a module of the package imported directly), the Auto classes know
+`model_type="gated_qwen"` and `"gated_qwen_moe"` by the time it uses them. Each case runs in a fresh interpreter."""
 
 import subprocess
 import sys
@@ -52,14 +53,20 @@ def test_auto_classes_know_gated_qwen_however_the_package_is_reached(case):
     assert result.returncode == 0 and "registered" in result.stdout, result.stderr[-3000:]
 
 
-def test_importing_the_package_loads_neither_torch_nor_transformers():
+def test_importing_the_package_registers_it_with_no_import_hook_and_no_lazy_names():
+    """Registered by the import itself: no finder of the package in `sys.meta_path`, no module `__getattr__`, the
+    public names defined; and the import says nothing on stderr (torchao's import-time warnings about its C
+    extensions, which Transformers' import brings, are quieted during it)."""
     code = ("import sys, gated_qwen\n"
-            "heavy = sorted(m for m in ('torch', 'transformers', 'triton', 'peft') if m in sys.modules)\n"
-            "print(heavy)\n"
-            "print(gated_qwen.__version__, 'GatedQwenForCausalLM' in dir(gated_qwen))\n")
+            "from transformers import CONFIG_MAPPING\n"
+            "print(CONFIG_MAPPING['gated_qwen'].__name__, CONFIG_MAPPING['gated_qwen_moe'].__name__)\n"
+            "print([type(f).__module__ for f in sys.meta_path if type(f).__module__.startswith('gated_qwen')])\n"
+            "print(gated_qwen.__version__, '__getattr__' in vars(gated_qwen), "
+            "all(name in vars(gated_qwen) for name in gated_qwen.__all__))\n")
     result = run(code)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split("\n")[:2] == ["[]", "0.1.0 True"]
+    assert result.stdout.split("\n")[:3] == ["GatedQwenConfig GatedQwenMoeConfig", "[]", "0.1.0 False True"]
+    assert result.stderr == ""
 
 
 def test_an_unknown_name_is_an_attribute_error():

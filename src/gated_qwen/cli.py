@@ -1,7 +1,7 @@
 """The `gated-qwen` command. Each subcommand lives beside the code it drives and registers itself here.
 
-Building the parser imports no model code (no torch, Transformers, Triton or PEFT): the subcommands import what they
-need when they run, so `gated-qwen --help` answers at once. Every subcommand's errors end here, in one format:
+The package's import (torch, Transformers, the model) comes first, as for any user of the package; what a subcommand
+alone needs it imports when it runs. Every subcommand's errors end here, in one format:
 `gated-qwen: error: <one line>`, with exit status 2 (refused: a bad input, flag or destination; nothing was written)
 or 1 (a conversion's verification failed; nothing was written). Set `GATED_QWEN_TRACEBACK=1` to see the traceback.
 """
@@ -12,7 +12,10 @@ import argparse
 import os
 import sys
 
+from .analysis import cli as analysis
+from .conversion import cli as conversion
 from .import_noise import quiet_import_noise
+from .integrations import hub
 
 REFUSED = 2  # a bad input, flag or destination (argparse uses 2 for bad flags too)
 
@@ -33,10 +36,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=Parser)
     # Each module's `register(subparsers)` adds its subcommands, whose `func(args) -> int` runs them.
-    from .analysis import cli as analysis
-    from .conversion import cli as conversion
-    from .integrations import hub
-
     for module in (analysis, conversion, hub):
         module.register(subparsers)
     return parser

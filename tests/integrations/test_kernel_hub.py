@@ -7,14 +7,16 @@ installed.
 - Its `gated_attention` under the Triton interpreter equals the package's `naive_gated_attention` (fp64): output and
   every gradient, with GQA, elementwise and headwise gates, packed varlen and decode.
 - A saved folder whose config.json names the Hub kernel, loaded with `trust_remote_code=True` in a fresh interpreter
-  where the gated_qwen package is unimportable: on a CPU it runs SDPA + the gate and does not even import `kernels`;
-  with CUDA faked at the device query only (`torch.cuda.is_available`), it loads the kernel through `kernels`'
-  own override of a Hub repository by a local folder (`LOCAL_KERNELS=owner/name=PATH`: nothing else of the download
+  where the gated_qwen package is unimportable: on a CPU it runs SDPA + the gate and loads no kernel; with CUDA faked
+  at the device query only (`torch.cuda.is_available`), it loads the kernel at the commit config.json pins, through
+  Transformers' own route for Hub attention kernels where the installed Transformers has one (5.25 with kernels
+  0.19), else with `kernels.get_kernel` (5.17, 5.19), each through `kernels`' own override of a Hub repository by a local folder (`LOCAL_KERNELS=owner/name=PATH`: nothing else of the download
   is replaced), registers the kernel's attention function as its default attention, and each layer launches the
   Hub module's kernel (real, in the interpreter), giving the package's SDPA logits; without `kernels`, or when the
   kernel does not load, SDPA + the gate with one line naming what would give the fused kernel.
 """
 
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -33,6 +35,7 @@ from helpers import SMALL, randomize_
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
 from gated_qwen.integrations import kernel_hub
 from gated_qwen.kernel import naive_gated_attention, triton_available
+from gated_qwen.model.transformers_compat import hub_attention_kernel_loader
 
 if not triton_available():
     pytest.skip("no CUDA device and TRITON_INTERPRET was not set before import", allow_module_level=True)
@@ -133,30 +136,57 @@ def test_the_repository_replaces_only_a_folder_it_wrote(tmp_path, capsys):
 
 def test_the_hub_kernel_is_asked_for_at_the_commit_config_json_pins(hub, monkeypatch):
     """What `kernels.get_kernel` is called with (recorded; it answers with the local build): the repository and the
-    commit that config.json names (`hub_kernel_revision`), never a branch or a version, that repository alone
-    trusted; and what it returns is the attention registered as the fused one. (`LOCAL_KERNELS`, which the test
-    without the package uses, ignores the revision asked for.)"""
+    commit that config.json names (`hub_kernel_revision`), never a branch or a version, and trust for that repository
+    (Transformers' route takes it as a flag, the folder's own call as the repository's name); what it returns is the
+    attention registered as the fused one. Where Transformers offers its route for Hub attention kernels (5.25 with
+    kernels 0.19, the locks), that route is the one asked. (`LOCAL_KERNELS`, which the test without the package uses,
+    ignores the revision asked for.)"""
     from transformers.masking_utils import AttentionMaskInterface
     from transformers.modeling_utils import AttentionInterface
 
-    from gated_qwen.model import modeling_gated
+    from gated_qwen.model import attention_choice
+    from gated_qwen.model.gating import FUSED_ATTENTION
 
+    repo = "gated-qwen-test/pinned-kernel"
+    route = f"{repo}@{COMMIT}:gated_attention_forward"
     for interface in (AttentionInterface, AttentionMaskInterface):  # the registry as it was, after the test
         mapping = interface._global_mapping
-        monkeypatch.setitem(mapping, modeling_gated.FUSED_ATTENTION, mapping.get(modeling_gated.FUSED_ATTENTION))
+        for name in (FUSED_ATTENTION, route):
+            monkeypatch.setitem(mapping, name, mapping.get(name))
     calls = []
 
     def get_kernel(*args, **kwargs):
         calls.append((args, kwargs))
         return hub
 
-    monkeypatch.setattr(kernels, "get_kernel", get_kernel)
-    repo = "gated-qwen-test/pinned-kernel"
+    transformers_route = hub_attention_kernel_loader() is not None
+    if transformers_route:
+        from transformers.integrations import hub_kernels
+
+        monkeypatch.setattr(hub_kernels, "get_kernel_hub", get_kernel)
+    else:
+        monkeypatch.setattr(kernels, "get_kernel", get_kernel)
     config = GatedQwenConfig(**SMALL, hub_kernel_repo=repo, hub_kernel_revision=COMMIT)
-    function = modeling_gated.hub_kernel_attention(config)
-    assert calls == [((repo,), {"revision": COMMIT, "trust_remote_code": [repo]})]
+    function = attention_choice.hub_kernel_attention(config)
+    assert len(calls) == 1, calls
+    (args, kwargs), = calls
+    assert args == (repo,) and kwargs["revision"] == COMMIT and kwargs.get("version") is None
+    assert kwargs["trust_remote_code"] == (True if transformers_route else [repo])
     assert function is hub.gated_attention_forward
-    assert AttentionInterface._global_mapping[modeling_gated.FUSED_ATTENTION] is hub.gated_attention_forward
+    assert AttentionInterface._global_mapping[FUSED_ATTENTION] is hub.gated_attention_forward
+
+
+def test_the_locked_transformers_offers_its_route_for_hub_attention_kernels():
+    """Under the locks (Transformers 5.25, kernels 0.19) the folder's code loads its Hub kernel through Transformers'
+    own route; the folder's own `kernels.get_kernel` call is the route of 5.17 and 5.19 only."""
+    import transformers
+
+    locked = Path(__file__).resolve().parents[2] / "requirements/cpu.lock"
+    pinned = next(line.split("==")[1].split()[0] for line in locked.read_text().splitlines()
+                  if line.startswith("transformers=="))
+    if transformers.__version__ != pinned:
+        pytest.skip(f"Transformers {transformers.__version__}, not the locked {pinned}")
+    assert hub_attention_kernel_loader() is not None
 
 
 def test_get_local_kernel_loads_its_own_module_with_its_own_ops(kernel_repo, hub):
@@ -230,7 +260,20 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import logging as hf_logging
 
 folders, repository, expected = json.loads(sys.argv[1]), sys.argv[2], torch.load(sys.argv[3])
-records, seen = [], {}
+TRANSFORMERS_NEEDS_KERNELS = json.loads(sys.argv[4])
+records, seen, loads = [], {}, []
+import kernels
+from transformers.integrations import hub_kernels
+
+
+def recording(route, get_kernel):  # get_kernel, noting each repository and revision asked for, and the route
+    return lambda repo, *args, **kwargs: loads.append([route, repo, kwargs.get("revision")]) or get_kernel(
+        repo, *args, **kwargs)
+
+
+kernels.get_kernel = recording("kernels", kernels.get_kernel)  # what the folder's own loader calls
+if hasattr(hub_kernels, "get_kernel_hub"):  # what Transformers' route calls (its own reference to kernels')
+    hub_kernels.get_kernel_hub = recording("transformers", hub_kernels.get_kernel_hub)
 handler = logging.Handler()
 handler.emit = records.append
 hf_logging.get_logger("transformers_modules").addHandler(handler)
@@ -239,17 +282,18 @@ hf_logging.get_logger("transformers_modules").setLevel(logging.INFO)
 
 def load(name):
     records.clear()
+    loads.clear()
     model = AutoModelForCausalLM.from_pretrained(folders[name], trust_remote_code=True)
     lines = [(logging.getLevelName(r.levelno), r.getMessage()) for r in records if "GatedQwen" in r.getMessage()]
-    return model, {"attention": model.config._attn_implementation, "lines": lines}
+    return model, {"attention": model.config._attn_implementation, "lines": lines, "loads": list(loads)}
 
 
 _, seen["cpu"] = load("hub")  # a CPU: no Hub access at all
-seen["cpu"]["kernels imported"] = "kernels" in sys.modules
 torch.cuda.is_available = lambda: True  # the dispatch decision of a CUDA machine; the kernel runs interpreted
-sys.modules["kernels"] = None  # kernels not installed
-_, seen["no kernels"] = load("hub")
-del sys.modules["kernels"]
+if not TRANSFORMERS_NEEDS_KERNELS:  # kernels not installed, where Transformers runs without it
+    sys.modules["kernels"] = None
+    _, seen["no kernels"] = load("hub")
+    sys.modules["kernels"] = kernels  # installed again: the same module, its get_kernel still recorded
 _, seen["not on the Hub"] = load("missing")  # HF_HUB_OFFLINE, no local override of this repository: does not load
 os.environ["LOCAL_KERNELS"] = f"{folders['repo id']}={repository}"  # kernels' own stand-in for the Hub repository
 model, seen["hub"] = load("hub")
@@ -285,26 +329,37 @@ def test_a_saved_folder_without_the_package_uses_the_hub_kernel_its_config_names
     folders = {"hub": str(tmp_path / "hub"), "missing": str(tmp_path / "missing"), "repo id": REPO_ID}
     env = {k: v for k, v in os.environ.items() if k != "LOCAL_KERNELS"} | {
         "HF_HUB_OFFLINE": "1", "TRITON_INTERPRET": "1"}
+    # Transformers 5.25 requires kernels (its from_pretrained imports it): no machine has that release without it.
+    needs_kernels = any(r.split(";")[0].replace(" ", "").startswith("kernels") and "extra" not in r
+                        for r in importlib.metadata.requires("transformers") or [])
     result = subprocess.run([sys.executable, "-c", WITHOUT_THE_PACKAGE, json.dumps(folders), str(kernel_repo),
-                             str(tmp_path / "expected.pt")], capture_output=True, text=True, env=env, timeout=900)
+                             str(tmp_path / "expected.pt"), json.dumps(needs_kernels)],
+                            capture_output=True, text=True, env=env, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     seen = json.loads(result.stdout.splitlines()[-1])
 
+    # Transformers' own route where the installed Transformers offers it, else the folder's own call of kernels.
+    route = "transformers" if hub_attention_kernel_loader() is not None else "kernels"
     cpu = seen["cpu"]
-    assert cpu["attention"] == "sdpa" and not cpu["kernels imported"]
+    assert cpu["attention"] == "sdpa" and cpu["loads"] == []
     assert [level for level, _ in cpu["lines"]] == ["INFO"] and "pip install kernels" in cpu["lines"][0][1]
     assert REPO_ID in cpu["lines"][0][1]
-    no_kernels = seen["no kernels"]
-    assert no_kernels["attention"] == "sdpa" and [level for level, _ in no_kernels["lines"]] == ["WARNING"]
-    assert "pip install kernels" in no_kernels["lines"][0][1] and "then import gated_qwen" in no_kernels["lines"][0][1]
+    assert ("no kernels" in seen) == (not needs_kernels)
+    if not needs_kernels:
+        no_kernels = seen["no kernels"]
+        assert no_kernels["attention"] == "sdpa" and [level for level, _ in no_kernels["lines"]] == ["WARNING"]
+        assert "pip install kernels" in no_kernels["lines"][0][1]
+        assert "then import gated_qwen" in no_kernels["lines"][0][1]
     missing = seen["not on the Hub"]
     assert missing["attention"] == "sdpa" and [level for level, _ in missing["lines"]] == ["WARNING"]
     assert "gated-qwen-test/not-uploaded" in missing["lines"][0][1] and "did not load" in missing["lines"][0][1]
+    assert missing["loads"] == [[route, "gated-qwen-test/not-uploaded", COMMIT]]
 
     hub = seen["hub"]
     module_id = kernel_hub.metadata(kernel_hub.source_digest(kernel_hub.kernel_sources()))["id"]
     assert hub["attention"] == "gated_triton" and hub["function"] == f"{module_id}.attention"
     assert [level for level, _ in hub["lines"]] == ["INFO"] and REPO_ID in hub["lines"][0][1]
+    assert hub["loads"] == [[route, REPO_ID, COMMIT]]  # once, at the commit config.json pins
     # Each layer launched the Hub module's kernel with the G1 gate fused ([B, S, Hq, D] logits), on the whole batch.
     assert hub["launches"] == [[[2, 24, config.num_attention_heads, config.head_dim], 24]] * config.num_hidden_layers
     assert list(hub["self-check"].values()) == [None]  # the Hub copy checked itself first, and passed

@@ -197,6 +197,20 @@ def test_combination_of_a_call():
                                                                         "decode")
 
 
+@pytest.mark.parametrize("head_dim, gate_width, kind", [(64, 64, "elementwise"), (64, 1, "headwise"),
+                                                         (1, 1, "elementwise")])
+def test_one_rule_names_the_gate_for_the_self_check_the_launch_and_the_tests(head_dim, gate_width, kind):
+    """`inputs.gate_kind` is what the self-check's combination, the kernels' GATE_HEADWISE launch flag and the tests'
+    record of a launch say: with head dim 1 a `[..., 1]` gate is elementwise (one logit per element) everywhere."""
+    q, gate = torch.zeros(1, 3, 2, head_dim), torch.zeros(1, 3, 2, gate_width)
+    assert inputs.gate_kind(gate, head_dim) == kind and inputs.gate_kind(None, head_dim) is None
+    assert combination_of(q, gate, True, False, 3).gate == kind
+    assert inputs.flag_heuristics()["GATE_HEADWISE"]({"G": gate, "HEAD_DIM": head_dim}) == (kind == "headwise")
+    with kernel_launches() as launches:
+        attention.gated_attention(q, q, q, gate, causal=True)
+    assert launches == [KernelLaunch(kind, False, 3)]
+
+
 @pytest.mark.slow  # torch.compile
 def test_compiled_model_uses_the_verdicts_of_eager_calls(monkeypatch, fresh_verdicts):
     """Under torch.compile(fullgraph=True) the dispatch adds no graph break: a combination checked eagerly keeps its

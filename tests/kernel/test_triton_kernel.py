@@ -556,3 +556,23 @@ def test_the_kernel_and_its_backend_import_without_triton(tmp_path):
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                             check=False)
     assert result.returncode == 0, result.stderr
+
+
+def test_every_launch_names_its_floating_point_fusion(monkeypatch):
+    """Each kernel launch (forward, the three backward kernels, both decode kernels) gives Triton `enable_fp_fusion`
+    (on): Triton 3.9 warns at every compile where a launch leaves it to the default, which turns off in 3.10."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    launches = []
+    run = InterpretedFunction.run
+
+    def recording_run(self, *args, **kwargs):
+        launches.append((self.fn.__name__, kwargs.get("enable_fp_fusion")))
+        return run(self, *args, **kwargs)
+
+    monkeypatch.setattr(InterpretedFunction, "run", recording_run)
+    run_both(*make_inputs(1, 40, 40, 2, 1, 32, "elementwise"), causal=True)  # forward and backward
+    run_both(*make_inputs(1, 1, 40, 2, 1, 32, "elementwise"), causal=True)  # decode forward
+    assert {name for name, _ in launches} == {"forward_kernel", "preprocess_kernel", "dkdv_kernel", "dq_kernel",
+                                              "split_kernel", "combine_kernel"}
+    assert {fusion for _, fusion in launches} == {True}

@@ -198,7 +198,7 @@ def test_each_class_refuses_a_folder_of_the_other_model_type(moe_folder, tmp_pat
     saved = json.loads((moe_folder / "config.json").read_text())
     assert saved["model_type"] == "gated_qwen_moe"
     assert saved["auto_map"]["AutoModelForCausalLM"] == "modeling_gated_moe.GatedQwenMoeForCausalLM"
-    assert saved["auto_map"]["AutoConfig"] == "configuration_gated.GatedQwenMoeConfig"
+    assert saved["auto_map"]["AutoConfig"] == "configuration_gated_moe.GatedQwenMoeConfig"
     for model in (GatedQwenMoeForCausalLM.from_pretrained(moe_folder), AutoModelForCausalLM.from_pretrained(moe_folder)):
         assert type(model) is GatedQwenMoeForCausalLM
         with torch.no_grad():
@@ -591,3 +591,16 @@ def test_trainer_reduces_the_load_balancing_loss(tmp_path):
     Trainer(model=model, args=args, train_dataset=data).train()
     after = balance()
     assert before > 5.0 and after < 0.6 * before, (before, after)
+
+
+def test_the_dense_config_refuses_by_name_every_field_the_mixture_of_experts_adds():
+    """configuration_gated.py (shipped without the mixture of experts' file) lists the fields GatedQwenMoeConfig
+    adds, to name them in its refusal: the list is exactly those fields."""
+    from gated_qwen.model import configuration_gated
+
+    added = set(GatedQwenMoeConfig.__dataclass_fields__) - set(GatedQwenConfig.__dataclass_fields__)
+    assert set(configuration_gated.MOE_FIELDS) == added
+    for field in sorted(added):
+        with pytest.raises(CONFIG_ERRORS, match=f"`{field}`=.* asks for a mixture of experts"):
+            GatedQwenConfig(**{field: GatedQwenMoeConfig.__dataclass_fields__[field].default or 1})
+

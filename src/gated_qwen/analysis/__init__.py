@@ -11,6 +11,8 @@
 
 The names below are imported on first use, so that the command line can load `cli` without the model stack.
 """
+from . import measure, perplexity, quantize
+from .miniature import corpora
 
 __all__ = ["BigramBackcopy", "KeyValueRecall", "SyntheticLanguage", "TrigramLanguage", "analyze",
            "first_token_attention", "mean_nll", "perplexity_by_length", "recall_accuracy", "with_yarn", "SCHEMES",
@@ -20,7 +22,5 @@ __all__ = ["BigramBackcopy", "KeyValueRecall", "SyntheticLanguage", "TrigramLang
 def __getattr__(name: str):
     if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from . import measure, perplexity, quantize
-    from .miniature import corpora
 
     return getattr(next(module for module in (corpora, measure, perplexity, quantize) if hasattr(module, name)), name)

@@ -1,7 +1,7 @@
 """The parser of `gated-qwen analyze`, `gated-qwen eval-ppl` and `gated-qwen reproduce`: flags, their types and
 help; `commands` runs them (reading inputs with `inputs`, checking memory with `memory`).
 
-Defining the parser imports no model code; each command imports it when it runs. Outputs go through
+What only a running command needs (plots, statistics) it imports when it runs. Outputs go through
 `gated_qwen.files`: `--out` may not be, contain or lie inside MODEL or an input file, appears whole or not at all,
 and replaces an existing one only with `--overwrite`. Bad input raises `ValueError` with the reason, which the
 `gated-qwen` command prints as one line (exit status 2).

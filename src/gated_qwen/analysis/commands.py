@@ -11,13 +11,14 @@ from __future__ import annotations
 import time
 
 from ..files import check_output, output_file, output_folder, write_json
+from . import measure
 from .inputs import Inputs, device, load_model
 from .memory import check_fits, check_windows_fit, forward_bytes
+from .perplexity import perplexity_by_length
+from .report import markdown_table, write_analysis
 
 
 def run_analyze(args) -> int:
-    from . import measure
-    from .report import write_analysis
 
     out = dict(inputs=[args.model, args.text, args.tokens], overwrite=args.overwrite, create_parents=True)
     check_output(args.out, **out)  # before the slow part
@@ -50,8 +51,6 @@ def run_analyze(args) -> int:
 
 # -------------------------------------------------------------------------------------------------- eval-ppl
 def run_eval_ppl(args) -> int:
-    from .perplexity import perplexity_by_length
-    from .report import markdown_table
 
     out = dict(inputs=[args.model, args.text, args.tokens], overwrite=args.overwrite, create_parents=True)
     if args.out:

@@ -8,10 +8,16 @@ import pickle
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch
+
+from .. import GatedQwenForCausalLM, GatedQwenMoeForCausalLM
+from ..conversion.loading import gated_config_dict
 from ..files import CONFIG_VALUE_ERRORS, check_safetensors_files, config_from_dict, read_json_object
 from ..files.identity import resolved
 from ..files.reading import utf8_named
+from ..model.configuration_gated import GATED_MODEL_TYPES
 from .memory import check_model_fits
+from .miniature.corpora import CORPORA, HELDOUT_SEED
 
 if TYPE_CHECKING:
     import torch
@@ -23,9 +29,7 @@ class Inputs:
     `reproduce`). Every window starts the way training sequences did: with BOS where there is one."""
 
     def __init__(self, model_path: str, vocab_size: int, text: str | None, tokens: str | None):
-        import torch
 
-        from .miniature.corpora import CORPORA
 
         self.vocab_size = vocab_size
         self.stream = self.rows = None
@@ -82,9 +86,7 @@ class Inputs:
 
     def windows(self, length: int, count: int) -> torch.Tensor:
         """`[n, length]` with n <= `count` windows (fewer only when a text is too short for `count`)."""
-        import torch
 
-        from .miniature.corpora import HELDOUT_SEED
 
         if self.stream is not None:
             body = length - (self.bos is not None)
@@ -110,11 +112,7 @@ def load_model(path: str, dtype: str, device: str):
     """A gated_qwen or gated_qwen_moe folder, or one `from_pretrained` reads directly (the paper's release, stock
     Qwen3 / Qwen3-MoE, Qwen3.5 / Qwen3-Next; other model types are refused with the reason), with the causal LM of
     its kind: `GatedQwenForCausalLM`, or `GatedQwenMoeForCausalLM` for a mixture of experts."""
-    import torch
 
-    from .. import GatedQwenForCausalLM, GatedQwenMoeForCausalLM
-    from ..conversion.loading import gated_config_dict
-    from ..model.configuration_gated import GATED_MODEL_TYPES
 
     resolved(Path(path), f"MODEL {path!r}", ValueError)
     resolved(Path(path) / "config.json", f"MODEL {path!r}: config.json", ValueError)
@@ -150,7 +148,6 @@ def load_model(path: str, dtype: str, device: str):
 def device(name: str) -> str:
     """`--device`: `auto` (CUDA when available, else the CPU) or a device this PyTorch has here, checked before any
     work (a `ValueError` naming what would be right)."""
-    import torch
 
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"

@@ -26,11 +26,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from huggingface_hub.errors import StrictDataclassError
+
 from ..files import CONFIG_VALUE_ERRORS, OutputError, clean_stale, clean_stale_scratch, output_file, output_folder, say
+from . import plans
 from .errors import CheckpointFormatError, ConversionError, VerificationError
 from .format import Format
 from .formats import FORMATS, FROM_FORMATS, GATED, TO_FORMATS, export_options, taking
-from .verify import VERIFY_MAX_PARAMETERS, VERIFY_RTOL
+from .io import Checkpoint, carry_files, files_to_carry, own_code, parse_size, write_weights
+from .plans import gated_config
+from .shared import parse_gate, source_dtype
+from .structure import check_plan, check_source, check_written
+from .verify import VERIFY_MAX_PARAMETERS, VERIFY_RTOL, verify
 
 
 @dataclass(frozen=True)
@@ -119,8 +126,6 @@ def _refusals_as_conversion_errors(flag: str) -> Iterator[None]:
 
 def _import_plan(fmt: Format, ckpt, add_gate):
     """`(GatedQwen config, plan)` of reading `ckpt` in format `fmt`, with `add_gate` where the format takes one."""
-    from .plans import gated_config, plan_import
-    from .shared import parse_gate, source_dtype
 
     if ckpt.config.get("model_type") not in fmt.reads:
         raise ConversionError(f"SRC has model_type={ckpt.config.get('model_type')!r}; `--from {fmt.name}` reads "
@@ -129,13 +134,12 @@ def _import_plan(fmt: Format, ckpt, add_gate):
     config.dtype = source_dtype(ckpt.config)
     if fmt.check is not None:
         fmt.check(ckpt.config, config, {tensor: info.shape for tensor, info in ckpt.tensors.items()})
-    return config, plan_import(fmt, ckpt, config)
+    return config, plans.plan_import(fmt, ckpt, config)  # looked up at the call (tests replace it)
 
 
 def _plan(request: _Request, ckpt):
     """`(config to write, plan)` of the request, with a config.json whose values the config classes refuse
     reported as such."""
-    from huggingface_hub.errors import StrictDataclassError
 
     try:
         if request.export:
@@ -200,8 +204,6 @@ def _kinds(request: _Request, ckpt, config) -> tuple[str, str]:
 
 def _write(request: _Request, ckpt, config, plan, folder: Path, shard_size: int | None) -> None:
     """Writes config.json and the weights of `plan` into `folder`, each checked against the other."""
-    from .io import write_weights
-    from .structure import check_plan, check_written
 
     _write_config(config, folder, request.result)
     for name, text in (request.result.files(config) if request.result.files else {}).items():
@@ -213,7 +215,6 @@ def _write(request: _Request, ckpt, config, plan, folder: Path, shard_size: int 
 
 
 def _verify(request: _Request, src: Path, folder: Path, config, allow_pickle: bool) -> None:
-    from .verify import verify
 
     vocab = config["vocab_size"] if isinstance(config, dict) else config.vocab_size
     error = verify(src, request.source, folder, request.result, vocab, allow_pickle=allow_pickle)
@@ -240,8 +241,6 @@ def _write_file(request: _Request, src, dst, *, overwrite: bool, allow_pickle: b
     format's own files (`Format.write_folder`, e.g. ONNX, with SRC's tokenizer and generation files carried beside
     them), written whole or not at all, the source's structure checked first and `--verify` against the format's own
     reader; none of a safetensors folder's options."""
-    from .io import Checkpoint, carry_files, files_to_carry, own_code
-    from .structure import check_source
 
     folder = request.fmt.write_folder is not None
     given = [flag for flag, used in folder_options.items() if used]
@@ -301,8 +300,6 @@ def convert(
     if request.export and (request.fmt.write_file is not None or request.fmt.write_folder is not None):
         return _write_file(request, src, dst, overwrite=overwrite, allow_pickle=allow_pickle, verify=verify,
                            folder_options={"--max-shard-size": max_shard_size is not None, "--carry-code": carry_code})
-    from .io import Checkpoint, carry_files, files_to_carry, parse_size
-    from .structure import check_source
 
     shard_size = parse_size(max_shard_size) if max_shard_size is not None else None
     src, dst = Path(src), Path(dst)

@@ -1,17 +1,16 @@
 """`gated-qwen convert SRC DST --from FORMAT | --to FORMAT [...]` and `gated-qwen convert --clean PATH`: the
-command-line face of `gated_qwen.conversion`. Defining the parser imports no model code."""
+command-line face of `gated_qwen.conversion`."""
 
 from __future__ import annotations
 
 import argparse
 
 from ..files import say
-from . import FORMATS, FROM_FORMATS, TO_FORMATS, VERIFY_MAX_PARAMETERS, VERIFY_RTOL, ConversionError
+from . import FORMATS, FROM_FORMATS, TO_FORMATS, VERIFY_MAX_PARAMETERS, VERIFY_RTOL, ConversionError, clean, convert
 from .formats import described, export_options, taking
 
 
 def run(args: argparse.Namespace) -> int:
-    from . import clean, convert
 
     if args.clean is not None:
         given = [flag for flag, value in (("SRC", args.src), ("--from", args.from_format), ("--to", args.to_format))

@@ -35,10 +35,12 @@ import torch
 from huggingface_hub import split_state_dict_into_shards_factory
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
+from transformers.dynamic_module_utils import get_relative_import_files
 
 from ..files import read_json_object, write_json
 from ..files.identity import resolved as resolved_path
 from ..files.reading import safetensors_header
+from ..model import modeling_gated, modeling_gated_moe
 from .errors import ConversionError
 
 SAFETENSORS_DTYPES = {
@@ -391,9 +393,7 @@ def shipped_code() -> frozenset[str]:
     """The code files a saved gated_qwen folder ships, which `save_pretrained` copies from this package (each
     modeling module and the files it imports relatively, all of `model/`): not someone else's code. The package's
     other modules (`hub.py`, `cli.py`...) are not among them, so SRC's files of those names are SRC's own."""
-    from transformers.dynamic_module_utils import get_relative_import_files
 
-    from ..model import modeling_gated, modeling_gated_moe
 
     return frozenset(Path(file).name for module in (modeling_gated, modeling_gated_moe)
                      for file in [module.__file__, *get_relative_import_files(module.__file__)])

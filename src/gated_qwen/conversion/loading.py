@@ -43,8 +43,10 @@ from ..model.configuration_gated import FIELDS, GATED_MODEL_TYPES, GatedQwenConf
 from .errors import CheckpointFormatError
 from .format import Context, Format, Shard, TensorRule, layer_of
 from .formats import FORMATS, format_of
+from .io import Checkpoint
 from .plans import gated_config
 from .shared import A7_NOTE, source_dtype
+from .structure import source_problem
 
 logger = logging.get_logger(__name__)
 
@@ -132,8 +134,6 @@ def check_folder(folder: Path, fmt: Format, config) -> None:
     """Refuses the tensors of a local folder in format `fmt` (read from the safetensors headers) where they
     disagree with its config.json: the format's own check, then the structural one (every tensor the model its
     config.json describes has, with its shape)."""
-    from .io import Checkpoint
-    from .structure import source_problem
 
     ckpt = Checkpoint(folder)
     shapes = {tensor: info.shape for tensor, info in ckpt.tensors.items()}

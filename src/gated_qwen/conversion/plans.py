@@ -13,7 +13,8 @@ from collections.abc import Callable
 
 import torch
 
-from ..model.configuration_gated import GatedQwenConfig, GatedQwenMoeConfig
+from ..model.configuration_gated import GatedQwenConfig
+from ..model.configuration_gated_moe import GatedQwenMoeConfig
 from ..model.gating import gate_shape, gated_layers
 from ..model.modeling_gated import GatedQwenForCausalLM
 from ..model.modeling_gated_moe import GatedQwenMoeForCausalLM

@@ -17,9 +17,16 @@ Transformers also reads is accepted as well.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch
+from transformers.core_model_loading import revert_weight_conversion
+from transformers.modeling_utils import remove_tied_weights_from_state_dict
+
+from ..files import config_from_dict
+from ..model.gating import gated_layers
 from .formats import model_class
 from .io import Checkpoint, ConversionError, TensorPlan
 
@@ -40,9 +47,6 @@ def model_layout(cls: type, config) -> list[list[dict[str, Shape]]]:
     """Per part of the model of class `cls` built from `config` (on the meta device; parts as `_unit` cuts them): its
     accepted on-disk forms, each `{name: shape}`: what `save_pretrained` writes first, the in-memory names and
     layout second when they differ (Transformers reads both, e.g. one tensor per expert or the stacked experts)."""
-    import torch
-    from transformers.core_model_loading import revert_weight_conversion
-    from transformers.modeling_utils import remove_tied_weights_from_state_dict
 
     with torch.device("meta"):
         model = cls(config)
@@ -91,7 +95,6 @@ def compare(found: dict[str, Shape], layout: list[list[dict[str, Shape]]], *, un
 
 def tensor_layout(fmt: Format, config_dict: dict) -> list[list[dict[str, Shape]]]:
     """The layout (`model_layout`) of the model of format `fmt` that `config_dict` (a config.json) describes."""
-    from ..files import config_from_dict
 
     if fmt.tensor_shapes is not None:  # a format no Transformers class reads
         return [[{name: shape}] for name, shape in fmt.tensor_shapes(config_dict).items()]
@@ -104,7 +107,6 @@ def source_problem(fmt: Format, config_dict: dict, found: dict[str, Shape], conf
     describes (`compare`; tensors the model does not use are the planner's to refuse). A missing tensor from which
     the format reads a gate of `config` (GatedQwen's config of the source: the release's and Qwen3.5's q_proj hold a
     layer's gate rows with its queries) is said to hold it, as a missing gate tensor is."""
-    from ..model.gating import gated_layers
 
     layers = set(gated_layers(config)) if config is not None else set()
 
@@ -131,7 +133,6 @@ def check_source(ckpt: Checkpoint, fmt: Format, config=None) -> None:
 def check_plan(plan: dict[str, TensorPlan], fmt: Format, folder: Path) -> None:
     """Refuses a plan that does not write exactly the parameters of the model of format `fmt` that the config.json
     in `folder` (just written there) describes."""
-    import json
 
     layout = tensor_layout(fmt, json.loads((folder / "config.json").read_text()))
     problem = compare({name: p.shape for name, p in plan.items()}, layout)

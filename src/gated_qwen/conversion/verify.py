@@ -9,10 +9,16 @@ such, not as a conversion difference.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch
+
+from ..files.reading import utf8_named
 from .errors import ConversionError, VerificationError
+from .formats import model_class
+from .io import Checkpoint
 
 if TYPE_CHECKING:
     import torch
@@ -27,19 +33,13 @@ VERIFY_SHAPE = (2, 16)  # sequences x tokens, random ids (seed 0)
 def model_logits(folder: Path, fmt: Format, input_ids: torch.Tensor, allow_pickle: bool = False) -> torch.Tensor:
     """`input_ids: [B, S]` -> float32 logits `[B, S, vocab]` of the checkpoint in `folder`, of format `fmt` (read
     through a UTF-8 name of it: `utf8_named`)."""
-    from ..files.reading import utf8_named
-
     with utf8_named(folder) as named:
         return _logits(Path(named), fmt, input_ids, allow_pickle)
 
 
 def _logits(folder: Path, fmt: Format, input_ids: torch.Tensor, allow_pickle: bool) -> torch.Tensor:
-    import json
 
-    import torch
 
-    from .formats import model_class
-    from .io import Checkpoint
 
     if fmt.logits is not None:  # a format no Transformers class reads
         return fmt.logits(Checkpoint(folder, allow_pickle=allow_pickle), input_ids)
@@ -60,7 +60,6 @@ def verify(src: Path, src_format: Format, result: Path, result_format: Format, v
     """Compares the logits of `src` and `result` on `VERIFY_SHAPE` random sequences; returns the max difference
     relative to `max(1, max |source logit|)`, or raises VerificationError when it exceeds `VERIFY_RTOL` (and
     ConversionError when the source's own logits are not finite)."""
-    import torch
 
     input_ids = torch.randint(0, vocab_size, VERIFY_SHAPE, generator=torch.Generator().manual_seed(0))
     reference = model_logits(src, src_format, input_ids, allow_pickle)

@@ -12,6 +12,8 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
+from huggingface_hub import constants
+
 MAX_INPUT_ENTRIES = 200_000  # files and folders an input may reach (links followed) before it is refused
 CACHE_REPO = re.compile(r"^(?:models|datasets|spaces)--")  # a repository's folder in a Hugging Face cache
 
@@ -168,7 +170,6 @@ def _holds_cache_repository(folder: Path) -> bool:
 def _configured_caches() -> list[Path]:
     """The Hugging Face caches this machine is configured with that exist: HF_HOME (the token lives there) and the
     hub cache (huggingface_hub's constants, which read HF_HOME, HF_HUB_CACHE, XDG_CACHE_HOME)."""
-    from huggingface_hub import constants
 
     return [Path(folder).resolve() for folder in (constants.HF_HOME, constants.HF_HUB_CACHE) if Path(folder).is_dir()]
 

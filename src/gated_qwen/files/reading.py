@@ -11,11 +11,20 @@ this module without the model stack.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import os
+import struct
+import typing
 from collections.abc import Iterator
 from pathlib import Path
+
+import torch
+from huggingface_hub.dataclasses import type_validator
+from transformers import PreTrainedConfig, configuration_utils
+
+from .identity import resolved
 
 MAX_JSON_DEPTH = 64  # arrays and objects nested deeper than this are refused: no config or results file comes close
 
@@ -72,9 +81,6 @@ def safetensors_header(fd: int, what: str) -> dict[str, tuple[str, tuple[int, ..
     listed like any other) and checked as the safetensors library checks it: a JSON object after its 8-byte length,
     each tensor's bytes as many as its dtype and shape need, the tensors tiling the rest of the file exactly.
     Raises `ValueError`, one line naming what is wrong (`what` names the file)."""
-    import os
-    import struct
-
     size = os.fstat(fd).st_size
 
     def refuse(reason: str):
@@ -124,9 +130,6 @@ def check_safetensors_files(folder: Path, what: str, error: type[Exception] = Va
     header cannot be read or lies about the data: truncated, a dtype or offsets that do not match the bytes. The files
     are those its index names (`model.safetensors.index.json`), or `model.safetensors`; `what` names the folder. The
     headers are read, not mapped (`safetensors_header`)."""
-    import os
-
-    from .identity import resolved
 
     index = folder / "model.safetensors.index.json"
     if index.is_file():
@@ -185,11 +188,7 @@ def _base_config_fields() -> dict[str, tuple[object, str]]:
     """(type, its annotation as written) of every field that `PreTrainedConfig` itself declares: the strict dataclass
     checks the fields of its subclasses (Qwen3Config's sizes, use_cache, ...) but not these, which a model then reads
     as they come (`output_hidden_states: [null]` fails deep in a forward)."""
-    import dataclasses
-    import typing
 
-    import torch
-    from transformers import PreTrainedConfig, configuration_utils
 
     namespace = {**vars(configuration_utils), "torch": torch}
     hints = typing.get_type_hints(PreTrainedConfig, globalns=namespace)
@@ -201,7 +200,6 @@ def config_from_dict(config_class, config_dict: dict, what: str, error: type[Exc
     """`config_class.from_dict(config_dict)` for a config.json a user gave; a value of the wrong type, for the fields
     every config has (by their annotations, with huggingface_hub's validator) or as the config class finds it,
     becomes `error`, one line naming `what` (e.g. "SRC's config.json")."""
-    from huggingface_hub.dataclasses import type_validator
 
     for name, (expected, written) in _base_config_fields().items():
         if name in config_dict:

@@ -16,9 +16,8 @@ the revision it goes to (the branch, or the one a pull request starts from) has 
 is this package's card, and a card already there is kept with the push's tags added (push one with a licence or
 evaluation results first with `model_card(config, ...).push_to_hub(repo_id)`); a folder with its card goes up whole
 with `hf upload REPO_ID MODEL_DIR`. With `create_pr=True` or `revision="dev"` nothing reaches `main`. A model loaded
-as remote code, without the package, pushes with Transformers' generic card.
-
-Importing this module loads neither torch nor Transformers (the `gated-qwen card` parser is defined here).
+as remote code, without the package, pushes with Transformers' generic card. The `gated-qwen card` command is
+defined here too.
 """
 
 from __future__ import annotations
@@ -28,9 +27,21 @@ import dataclasses
 import json
 import math
 import os
+import tempfile
 import unicodedata
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import torch
+from huggingface_hub import CommitOperationAdd, EvalResult, HfApi, ModelCard, ModelCardData, hf_hub_download
+from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+from ..files import check_output, config_from_dict, output_file, parse_json, read_json_object
+from ..model.configuration_gated import GATED_MODEL_TYPES, GatedQwenConfig
+from ..model.configuration_gated_moe import GatedQwenMoeConfig
+from ..model.gating import FIELDS, POSITIONS, gate_parameters_per_layer, gated_layers, is_recommended
+from ..model.modeling_gated import GatedQwenForCausalLM
+from ..model.modeling_gated_moe import GatedQwenMoeForCausalLM
 
 if TYPE_CHECKING:
     from huggingface_hub import EvalResult, ModelCard
@@ -49,7 +60,6 @@ class CardError(ValueError):
 
 def describe_gate(config: GatedQwenConfig) -> str:
     """One sentence naming the gate variant in the paper's terms (G1...G5, elementwise/headwise, ...)."""
-    from ..model.gating import POSITIONS, is_recommended
 
     if config.gate_position is None:
         control = {
@@ -76,7 +86,6 @@ def describe_gate(config: GatedQwenConfig) -> str:
 
 
 def _gate_fields(config: GatedQwenConfig) -> list[tuple[str, object]]:
-    from ..model.gating import FIELDS
 
     return [(name, getattr(config, name)) for name in FIELDS]
 
@@ -84,12 +93,7 @@ def _gate_fields(config: GatedQwenConfig) -> list[tuple[str, object]]:
 def count_parameters(config: GatedQwenConfig) -> tuple[int, int]:
     """(all parameters, gate parameters) of the causal LM of `config` (`GatedQwenForCausalLM`, or
     `GatedQwenMoeForCausalLM` for a `GatedQwenMoeConfig`), counted on the meta device."""
-    import torch
 
-    from ..model.configuration_gated import GatedQwenMoeConfig
-    from ..model.gating import gate_parameters_per_layer, gated_layers
-    from ..model.modeling_gated import GatedQwenForCausalLM
-    from ..model.modeling_gated_moe import GatedQwenMoeForCausalLM
 
     with torch.device("meta"):
         model = (GatedQwenMoeForCausalLM if isinstance(config, GatedQwenMoeConfig) else GatedQwenForCausalLM)(config)
@@ -122,14 +126,12 @@ def read_eval_results(path: str | os.PathLike) -> list[EvalResult]:
     """Reads a JSON list of results, each an object with `huggingface_hub.EvalResult`'s fields, e.g.
     `{"task_type": "text-generation", "dataset_type": "wikitext", "dataset_name": "WikiText-103",
     "metric_type": "perplexity", "metric_value": 12.3}`, each field checked for its type."""
-    from huggingface_hub import EvalResult
 
     kinds = {field.name: _field_kind(field.type) for field in dataclasses.fields(EvalResult) if field.init}
     fields = list(kinds)
     path = Path(path)
     if not path.is_file():
         raise CardError(f"--eval-results {str(path)!r} is not a file; give a JSON file with a list of results.")
-    from ..files import parse_json
 
     try:
         text = path.read_text()
@@ -173,7 +175,6 @@ def model_card(
     pasted into the card's text is checked or quoted: `model_name` is one line of printable text, `repo_id` and
     `base_model` are Hub repository ids (Hugging Face's rules), the code examples hold `repo_id` as a Python string
     literal, and the evaluation table's cells are escaped."""
-    from huggingface_hub import ModelCard, ModelCardData
 
     model_name = check_model_name(model_name)
     for flag, value in (("--repo-id", repo_id), ("--base-model", base_model)):
@@ -209,7 +210,6 @@ def model_card(
 def check_repo_id(repo_id: str, flag: str) -> str:
     """`repo_id` when it is a Hub repository id by Hugging Face's rules (`huggingface_hub`'s validator), else a
     `CardError` naming `flag`."""
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     try:
         validate_repo_id(repo_id)
@@ -241,9 +241,7 @@ def push_to_hub(model, repo_id: str, *, commit_message: str | None = None, commi
     card it has, in both cases with the model's and the push's tags) and uploads the folder in one commit to
     `revision` (a branch created from `main` if new) or to a new pull request with `create_pr`. Returns the
     `CommitInfo`."""
-    import tempfile
 
-    from huggingface_hub import CommitOperationAdd, HfApi, ModelCard, hf_hub_download
 
     api = HfApi(token=token)
     repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
@@ -278,7 +276,6 @@ def target_has_card(repo_id: str, revision: str | None = None, token: str | bool
     """Whether the revision a push to `repo_id` lands on already has a README.md: `revision` (default `main`; a pull
     request starts from it), or `main` when `revision` names a branch that does not exist yet (it is created from
     `main`)."""
-    from huggingface_hub import HfApi
 
     api = HfApi(token=token)
     revision = revision or "main"
@@ -295,8 +292,6 @@ def load_model_config(model_dir: str | os.PathLike) -> GatedQwenConfig:
     config_file = model_dir / "config.json"
     if not config_file.is_file():
         raise CardError(f"MODEL_DIR {str(model_dir)!r} has no config.json; give a folder written by save_pretrained.")
-    from ..files import config_from_dict, read_json_object
-    from ..model.configuration_gated import GATED_MODEL_TYPES, GatedQwenConfig, GatedQwenMoeConfig
 
     config_dict = read_json_object(config_file, "MODEL_DIR's config.json", CardError)
     if config_dict.get("model_type") not in GATED_MODEL_TYPES:
@@ -334,7 +329,6 @@ def write_card(
 ) -> Path:
     """Writes MODEL_DIR/README.md (whole or not at all, through `gated_qwen.files`); an existing card is replaced
     only with `overwrite`, and never when it is one of the files the card is made from."""
-    from ..files import check_output, output_file
 
     model_dir = Path(model_dir)
     destination = model_dir / "README.md"

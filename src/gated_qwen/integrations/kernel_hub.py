@@ -15,7 +15,7 @@ generated from it, never edited by hand. The build is reproducible: the same sou
 path, host or user in any file). The metadata id carries the sources' SHA-256, so the module of one build is
 `_gated_qwen_kernel_<digest>` wherever it is loaded, and two builds in one process are two modules with their own
 custom ops. The module exports what `kernel/__init__.py` exports; a saved folder registers its
-`gated_attention_forward` in Transformers' attention registry (`model/modeling_gated.py`, `hub_kernel_attention`).
+`gated_attention_forward` in Transformers' attention registry (`model/attention_choice.py`, `hub_kernel_attention`).
 
 Standard library only (and gated_qwen.files): it runs where only the source tree is, e.g. on the GPU machine
 (benchmarks/gpu_check_device.sh). Publishing it to the Hub: docs/kernel.md.
@@ -27,7 +27,6 @@ import json
 import sys
 from pathlib import Path
 
-from .. import __version__
 from ..files import OutputError, output_folder
 
 KERNEL_SOURCE = Path(__file__).resolve().parents[1] / "kernel"
@@ -71,7 +70,7 @@ tags:
 
 # {KERNEL_NAME}
 
-The fused gated-attention kernel of gated-qwen {__version__} (the `gated_qwen` package): Triton
+The fused gated-attention kernel of gated-qwen (the `gated_qwen` package; the sources' SHA-256 below): Triton
 FlashAttention-style attention with the G1 sigmoid gate of *Gated Attention for Large Language Models* (Qiu et al.,
 arXiv 2505.06708) applied to the fp32 accumulator in the epilogue (`softmax(q kᵀ · scale + mask) v ⊙ sigmoid(gate)`),
 forward and backward, grouped-query attention, packed variable-length batches, split-KV decode, and a first-use

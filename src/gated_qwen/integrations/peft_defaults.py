@@ -13,6 +13,8 @@ defaults: pass `target_modules=["q_proj", "v_proj", "g_proj"]` there.
 
 from __future__ import annotations
 
+from transformers import Qwen3Config, Qwen3MoeConfig
+
 GATE_TARGET = "g_proj"
 MLP_PROJECTIONS = {"gate_proj", "up_proj", "down_proj"}  # a dense MLP's modules; a sparse layer has none of them
 
@@ -32,7 +34,6 @@ def register_peft_defaults() -> bool:
         from peft.utils import constants
     except ImportError:
         return False
-    from transformers import Qwen3Config, Qwen3MoeConfig
 
     qwen3, qwen3_moe = Qwen3Config.model_type, Qwen3MoeConfig.model_type  # the keys of PEFT's dicts
     for name, mapping in vars(constants).items():

@@ -13,8 +13,9 @@ import functools
 
 import torch
 
+from .inputs import flag_heuristics
 from .jit_helpers import lse_offset, program_coords, reciprocal, row_offset, sequence_bounds, sigmoid
-from .launch import INTERPRET, LOG2E, flag_heuristics, grid_2d, lse_strides, strides4, tl, triton
+from .launch import FP_FUSION, INTERPRET, LOG2E, grid_2d, lse_strides, strides4, tl, triton
 
 MAX_SPLITS = 128
 
@@ -167,11 +168,13 @@ def decode_forward(q, k, v, gate, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_
         q_strides=strides4(q, packed), k_strides=strides4(k, packed), v_strides=strides4(v, packed),
         n_batch=n_batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, group=h_q // h_kv, chunk=chunk,
         qk_scale=scale * LOG2E, HEAD_DIM=head_dim, BLOCK_N=block_n, num_warps=4, num_stages=2,
+        enable_fp_fusion=FP_FUSION,
     )
     combine_kernel[grid_2d(1, n_batch, h_q)](
         PartO=part_o, PartLse=part_lse, G=gate, Out=out, Lse=lse, cu_seqlens_q=cu_seqlens_q,
         g_strides=strides4(gate, packed), out_strides=strides4(out, packed),
         lse_strides=lse_strides(lse, packed, seqlen_q),
         n_batch=n_batch, seqlen_q=seqlen_q, num_splits=splits, HEAD_DIM=head_dim, num_warps=4,
+        enable_fp_fusion=FP_FUSION,
     )
     return out, lse

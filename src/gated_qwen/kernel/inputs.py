@@ -1,4 +1,6 @@
-"""What the fused gated-attention kernel accepts: shapes, dtypes, devices and head dims, checked without Triton.
+"""What the fused gated-attention kernel accepts: shapes, dtypes, devices and head dims, checked without Triton; the
+kind of a gate (`gate_kind`, the one rule) and the launch flags the kernels derive from their inputs
+(`flag_heuristics`).
 
 `check_inputs` raises with what is wrong and what would be right; `gated_attention_unsupported_reason` gives the
 same as a sentence (None when the kernel runs these inputs here), for callers that fall back instead of failing.
@@ -14,6 +16,33 @@ from .launch import INTERPRET, TRITON_IMPORT_ERROR, triton, triton_available
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
+
+
+def gate_kind(gate: torch.Tensor | None, head_dim: int) -> str | None:
+    """The kind of `gate` (`[..., Hq, D]` or `[..., Hq, 1]`) for heads of `head_dim`: None (no gate), "headwise" (one
+    logit per head, broadcast over the head dim) or "elementwise" (one per output element; with head dim 1 the two
+    shapes are one, and elementwise). The one rule of the kernels, their self-check and the tests."""
+    if gate is None:
+        return None
+    return "headwise" if gate.shape[-1] == 1 and head_dim != 1 else "elementwise"
+
+
+def flag_heuristics(*, gate: str | None = "G", headwise: bool = True, upcast_from: str | None = "Q") -> dict:
+    """`triton.heuristics` values derived from the launch arguments: BLOCK_D (the head dim padded to a power of two,
+    at least 16 for tl.dot), IS_VARLEN (cu_seqlens given), HAS_GATE / GATE_HEADWISE (a gate given; one logit per
+    head, for kernels that treat it apart), UPCAST (bf16 tiles are computed in fp32 under the interpreter, whose bf16
+    arithmetic is wrong)."""
+    values = {
+        "BLOCK_D": lambda args: max(16, triton.next_power_of_2(args["HEAD_DIM"])),
+        "IS_VARLEN": lambda args: args["cu_seqlens_q"] is not None,
+    }
+    if upcast_from is not None:
+        values["UPCAST"] = lambda args: INTERPRET and args[upcast_from].dtype == torch.bfloat16
+    if gate is not None:
+        values["HAS_GATE"] = lambda args: args[gate] is not None
+    if gate is not None and headwise:
+        values["GATE_HEADWISE"] = lambda args: gate_kind(args[gate], args["HEAD_DIM"]) == "headwise"
+    return values
 
 
 def _on_gpu(t: torch.Tensor) -> bool:

@@ -28,6 +28,10 @@ LOG2E = 1.4426950408889634
 # `approx`, and its plain `fdiv` lowers to div.full.f32 (also within 2 ulp, no slow-path subroutine).
 HAS_APPROX_FDIV = triton is not None and "approx" in inspect.signature(tl.math.fdiv).parameters
 TRITON_VERSION = tuple(int(p) for p in re.findall(r"\d+", triton.__version__)[:2]) if triton is not None else (0, 0)
+# Floating-point fusion (a multiply and an add into one FMA), given to every launch as `enable_fp_fusion`: on, as the
+# kernels were checked. Triton before 3.10 fuses by default, 3.9 warns at each compile that the default changes in 3.10
+# unless a launch names it (or TRITON_DEFAULT_FP_FUSION is set); the interpreter ignores it.
+FP_FUSION = True
 
 
 def _interpreter_scalar_index_fix() -> None:
@@ -72,25 +76,6 @@ def triton_available() -> bool:
 # --------------------------------------------------------------------------------------------------------------------
 # Launch helpers
 # --------------------------------------------------------------------------------------------------------------------
-
-
-def flag_heuristics(*, gate: str | None = "G", headwise: bool = True, upcast_from: str | None = "Q") -> dict:
-    """`triton.heuristics` values derived from the launch arguments: BLOCK_D (the head dim padded to a power of two,
-    at least 16 for tl.dot), IS_VARLEN (cu_seqlens given), HAS_GATE / GATE_HEADWISE (a gate given; one logit per
-    head, for kernels that treat it apart), UPCAST (bf16 tiles are computed in fp32 under the interpreter, whose bf16
-    arithmetic is wrong)."""
-    values = {
-        "BLOCK_D": lambda args: max(16, triton.next_power_of_2(args["HEAD_DIM"])),
-        "IS_VARLEN": lambda args: args["cu_seqlens_q"] is not None,
-    }
-    if upcast_from is not None:
-        values["UPCAST"] = lambda args: INTERPRET and args[upcast_from].dtype == torch.bfloat16
-    if gate is not None:
-        values["HAS_GATE"] = lambda args: args[gate] is not None
-    if gate is not None and headwise:
-        values["GATE_HEADWISE"] = lambda args: (
-            args[gate] is not None and args[gate].shape[-1] == 1 and args["HEAD_DIM"] != 1)
-    return values
 
 
 def strides4(t: torch.Tensor | None, packed: bool) -> tuple[int, int, int, int]:

@@ -28,7 +28,7 @@ import math
 import torch
 
 from .decoding import decode_forward
-from .inputs import check_inputs
+from .inputs import check_inputs, flag_heuristics
 from .jit_helpers import (
     causal_key_range,
     lse_offset,
@@ -39,7 +39,7 @@ from .jit_helpers import (
     sigmoid,
     tile_mask,
 )
-from .launch import LOG2E, TRITON_VERSION, flag_heuristics, grid_2d, lse_strides, seq_bucket, strides4, tl, triton
+from .launch import FP_FUSION, LOG2E, TRITON_VERSION, grid_2d, lse_strides, seq_bucket, strides4, tl, triton
 from .tuning import autotune_configs, prune_configs
 
 # The tuner runs once per head dim, mask, layout, gate or none, dtype and sequence-length class (SEQ_BUCKET_*).
@@ -182,7 +182,7 @@ def forward(q, k, v, gate, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen
         lse_strides=lse_strides(lse, packed, seqlen_q),
         n_batch=n_batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, group=h_q // k.shape[-2], qk_scale=scale * LOG2E,
         SEQ_BUCKET_Q=seq_bucket(max_seqlen_q), SEQ_BUCKET_K=seq_bucket(max_seqlen_k),
-        HEAD_DIM=q.shape[-1], CAUSAL=causal,
+        HEAD_DIM=q.shape[-1], CAUSAL=causal, enable_fp_fusion=FP_FUSION,
     )
     return out, lse
 
@@ -424,6 +424,7 @@ def backward(dy, q, k, v, gate, out, lse, causal, scale, cu_seqlens_q, cu_seqlen
         out_strides=strides4(out, packed), dy_strides=strides4(dy, packed), g_strides=strides4(gate, packed),
         da_strides=strides4(da, packed), dg_strides=strides4(dgate, packed), lse_strides=lse_layout,
         n_batch=n_batch, seqlen_q=seqlen_q, HEAD_DIM=head_dim, num_warps=PREPROCESS_WARPS,
+        enable_fp_fusion=FP_FUSION,
     )
     shared = dict(
         Q=q, K=k, V=v, DA=da, Lse=lse, Delta=delta, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
@@ -431,7 +432,7 @@ def backward(dy, q, k, v, gate, out, lse, causal, scale, cu_seqlens_q, cu_seqlen
         da_strides=strides4(da, packed), lse_strides=lse_layout,
         n_batch=n_batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, group=h_q // h_kv, qk_scale=scale * LOG2E,
         sm_scale=scale, SEQ_BUCKET_Q=seq_bucket(max_seqlen_q), SEQ_BUCKET_K=seq_bucket(max_seqlen_k),
-        HEAD_DIM=head_dim, CAUSAL=causal,
+        HEAD_DIM=head_dim, CAUSAL=causal, enable_fp_fusion=FP_FUSION,
     )
     block_d = max(16, triton.next_power_of_2(head_dim))
     for part in (0,) if block_d <= MAX_FUSED_DKDV_BLOCK_D else (1, 2):

@@ -14,6 +14,7 @@ import dataclasses
 
 import torch
 
+from .inputs import gate_kind
 from .launch import INTERPRET
 from .naive import naive_gated_attention
 
@@ -45,9 +46,9 @@ def combination_of(q: torch.Tensor, gate: torch.Tensor | None, causal: bool, pac
                    max_seqlen_q: int) -> Combination:
     """The combination of a call with `q [B, S, Hq, D]` or packed `[T, Hq, D]`, `gate [..., Hq, D or 1]` or None."""
     head_dim = q.shape[-1]
-    gate_kind = None if gate is None else ("headwise" if gate.shape[-1] == 1 and head_dim != 1 else "elementwise")
     layout = ("varlen-" if packed else "") + ("decode" if max_seqlen_q == 1 else "")
-    return Combination(str(q.device), q.dtype, head_dim, gate_kind, bool(causal), layout.strip("-") or "dense")
+    return Combination(str(q.device), q.dtype, head_dim, gate_kind(gate, head_dim), bool(causal),
+                       layout.strip("-") or "dense")
 
 
 def _problem(combo: Combination, generator: torch.Generator):

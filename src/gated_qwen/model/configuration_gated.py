@@ -1,13 +1,12 @@
-"""GatedQwen configurations: `GatedQwenConfig` (model_type "gated_qwen"), Qwen3's config plus the gate of Qiu et
-al. (2025), and `GatedQwenMoeConfig` ("gated_qwen_moe"), the same with Qwen3-MoE's mixture of experts. Dense and
-mixture-of-experts models are separate model types, as Qwen3 and Qwen3-MoE are.
+"""`GatedQwenConfig` (model_type "gated_qwen"): Qwen3's config plus the gate of Qiu et al. (2025). The mixture of
+experts, `GatedQwenMoeConfig` ("gated_qwen_moe"), is configuration_gated_moe.py; the paper's presets are the
+package's (`from_paper`, gated_qwen/paper_presets.py).
 
 Each is a strict dataclass like `Qwen3Config`: every field is checked when it is set (at construction and on assignment
 later), the rules that tie fields together when the config is built and by `config.validate()` (which
 `save_pretrained` runs). Errors name the field, the bad value and what is allowed.
 
-This file is copied to the Hugging Face Hub beside `modeling_gated.py` and `modeling_gated_moe.py`: relative imports
-only.
+This file is copied to the Hugging Face Hub beside `modeling_gated.py`: relative imports only.
 """
 
 import re
@@ -28,16 +27,18 @@ from .gating import (
     POSITIONS,
     SDPA_OUTPUT_TRANSFORMS,
     canonical_position,
-    gate_parameters_per_layer,
-    gated_layers,
 )
 
 # What building or changing a config raises for a bad value: a strict-dataclass error (one field, or a rule across
 # fields) or a ValueError (an unknown gate field, a preset name).
 CONFIG_ERRORS = (ValueError, TypeError, StrictDataclassError)
 
-# This package's model types: dense, and mixture of experts.
+# This package's model types: dense, and mixture of experts (configuration_gated_moe.py).
 GATED_MODEL_TYPES = ("gated_qwen", "gated_qwen_moe")
+# The fields the mixture of experts adds (GatedQwenMoeConfig's), refused by name on the dense config.
+MOE_FIELDS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step",
+              "mlp_only_layers", "shared_expert_intermediate_size", "router_aux_loss_coef", "router_z_loss_coef",
+              "output_router_logits")
 
 
 # What a saved folder's config.json names for loading with `trust_remote_code=True` where the package is absent.
@@ -49,64 +50,31 @@ AUTO_MAP = {
     "AutoModelForTokenClassification": "modeling_gated.GatedQwenForTokenClassification",
     "AutoModelForQuestionAnswering": "modeling_gated.GatedQwenForQuestionAnswering",
 }
-MOE_AUTO_MAP = {
-    "AutoConfig": "configuration_gated.GatedQwenMoeConfig",
-    "AutoModel": "modeling_gated_moe.GatedQwenMoeModel",
-    "AutoModelForCausalLM": "modeling_gated_moe.GatedQwenMoeForCausalLM",
-    "AutoModelForSequenceClassification": "modeling_gated_moe.GatedQwenMoeForSequenceClassification",
-    "AutoModelForTokenClassification": "modeling_gated_moe.GatedQwenMoeForTokenClassification",
-    "AutoModelForQuestionAnswering": "modeling_gated_moe.GatedQwenMoeForQuestionAnswering",
-}
-
-# The paper's models (appendix table 7): dense ones build a GatedQwenConfig, the MoE a GatedQwenMoeConfig. Gated dense
-# variants shrink the FFN so the parameter count stays equal.
-PAPER_PRESETS: dict[str, dict[str, Any]] = {
-    "dense-1.7b-28l": dict(
-        hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
-        num_key_value_heads=8, head_dim=128, tie_word_embeddings=True, use_qk_norm=True,
-        max_position_embeddings=4096,
-    ),
-    "dense-1.7b-48l": dict(
-        hidden_size=1536, intermediate_size=4608, num_hidden_layers=48, num_attention_heads=16,
-        num_key_value_heads=8, head_dim=128, tie_word_embeddings=True, use_qk_norm=True,
-        max_position_embeddings=4096,
-    ),
-    # The 15B-A2B MoE of tables 1, 3 and 4. Gated variants add the gate on top (table 1's +M). `norm_topk_prob` and
-    # the z-loss coefficient are not in the paper: Qwen3's released MoE models normalise the top-k probabilities,
-    # and 1e-3 is ST-MoE's z-loss coefficient.
-    "moe-15a2b": dict(
-        hidden_size=2048, num_hidden_layers=24, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
-        num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True,
-        tie_word_embeddings=False, use_qk_norm=True, max_position_embeddings=4096,
-        output_router_logits=True, router_aux_loss_coef=0.001, router_z_loss_coef=0.001,
-    ),
-}
-
 
 def _allowed(values) -> str:
     return ", ".join(repr(v) for v in values)
 
 
 # ------------------------------------------------------------------------------------------ field validators
-def _is_int(value) -> bool:
+def is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _positive(name: str):
+def positive(name: str):
     def check(value) -> None:
-        if value is not None and (not _is_int(value) or value <= 0):
+        if value is not None and (not is_int(value) or value <= 0):
             raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
     return check
 
 
-def _at_least_zero(name: str, what: str):
+def at_least_zero(name: str, what: str):
     def check(value) -> None:
-        if not _is_int(value) or value < 0:
+        if not is_int(value) or value < 0:
             raise ValueError(f"`{name}` must be 0 ({what}) or a positive integer, got {value!r}.")
     return check
 
 
-def _non_negative_number(name: str):
+def non_negative_number(name: str):
     def check(value) -> None:
         if not value >= 0:
             raise ValueError(f"`{name}` must be a number >= 0, got {value!r}.")
@@ -126,17 +94,9 @@ def _gate_position(value) -> None:
         )
 
 
-def _num_experts(value) -> None:
-    if not _is_int(value) or value <= 0:
-        raise ValueError(
-            f"`num_experts` must be a positive integer (a GatedQwenMoeConfig has experts; a dense model is a "
-            f"GatedQwenConfig), got {value!r}."
-        )
-
-
 def _layer_list(name: str, meaning: str):
     def check(value) -> None:
-        if value is not None and (not value or not all(_is_int(i) for i in value)):
+        if value is not None and (not value or not all(is_int(i) for i in value)):
             raise ValueError(f"`{name}` must be None ({meaning}) or a non-empty list of layer indices, got {value!r}.")
     return check
 
@@ -210,13 +170,13 @@ class GatedQwenConfig(Qwen3Config):
     default_auto_map: ClassVar[dict[str, str]] = AUTO_MAP
 
     # Qwen3's fields whose defaults differ here (the paper's 1.7B dense model), each checked when set.
-    vocab_size: int = validated_field(_positive("vocab_size"), default=151936)
-    hidden_size: int = validated_field(_positive("hidden_size"), default=2048)
-    intermediate_size: int = validated_field(_positive("intermediate_size"), default=6144)
-    num_hidden_layers: int = validated_field(_positive("num_hidden_layers"), default=28)
-    num_attention_heads: int = validated_field(_positive("num_attention_heads"), default=16)
-    num_key_value_heads: int | None = validated_field(_positive("num_key_value_heads"), default=8)
-    head_dim: int = validated_field([_positive("head_dim"), _even], default=128)
+    vocab_size: int = validated_field(positive("vocab_size"), default=151936)
+    hidden_size: int = validated_field(positive("hidden_size"), default=2048)
+    intermediate_size: int = validated_field(positive("intermediate_size"), default=6144)
+    num_hidden_layers: int = validated_field(positive("num_hidden_layers"), default=28)
+    num_attention_heads: int = validated_field(positive("num_attention_heads"), default=16)
+    num_key_value_heads: int | None = validated_field(positive("num_key_value_heads"), default=8)
+    head_dim: int = validated_field([positive("head_dim"), _even], default=128)
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = True
     use_qk_norm: bool = True
@@ -245,9 +205,8 @@ class GatedQwenConfig(Qwen3Config):
         unknown = sorted(k for k in kwargs if k.startswith("gate_") or k.startswith("sdpa_output"))
         if unknown:
             raise ValueError(f"GatedQwenConfig got unknown gate field(s) {unknown}; the gate fields are {list(FIELDS)}.")
-        if type(self) is GatedQwenConfig:  # a mixture-of-experts field given to the dense config
-            moe = [k for k in kwargs if k in GatedQwenMoeConfig.__dataclass_fields__
-                   and k not in GatedQwenConfig.__dataclass_fields__]
+        if self.model_type == GATED_MODEL_TYPES[0]:  # a mixture-of-experts field given to the dense config
+            moe = [k for k in kwargs if k in MOE_FIELDS]
             if moe:
                 raise ValueError(_dense_error(f"`{moe[0]}`={kwargs[moe[0]]!r}"))
         if getattr(self, "auto_map", None) is None and "auto_map" not in kwargs:
@@ -370,134 +329,6 @@ class GatedQwenConfig(Qwen3Config):
         derived = self.base_model_tp_plan
         self.__dict__["base_model_tp_plan"] = {rule: style for rule, style in plan.items() if derived.get(rule) != style}
 
-    # ----------------------------------------------------------------------------------------- presets
-    @classmethod
-    def from_paper(cls, name: str, **overrides) -> "GatedQwenConfig":
-        """The paper's models by name: `"dense-1.7b-28l"`, `"dense-1.7b-48l"` (a GatedQwenConfig) or `"moe-15a2b"`
-        (a GatedQwenMoeConfig), appendix table 7, whichever of the two classes it is called on.
-
-        `overrides` set any field (gate fields included). Gated dense variants shrink `intermediate_size` so the
-        total parameter count stays that of the baseline, as the paper does, unless `intermediate_size` is given.
-        Gated MoE variants keep the experts and add the gate on top (table 1: +201M for G1 elementwise).
-        """
-        if name not in PAPER_PRESETS:
-            raise ValueError(f"Unknown paper preset {name!r}; choose one of {_allowed(PAPER_PRESETS)}.")
-        moe = "num_experts" in PAPER_PRESETS[name]
-        config = (GatedQwenMoeConfig if moe else GatedQwenConfig)(**{**PAPER_PRESETS[name], **overrides})
-        if "intermediate_size" not in overrides and config.gate_position is not None and not moe:
-            added = gate_parameters_per_layer(config) * len(gated_layers(config))
-            per_unit = 3 * config.hidden_size * config.num_hidden_layers  # gate, up and down rows of every MLP
-            config.intermediate_size -= round(added / per_unit)
-        return config
-
-
-@strict
-class GatedQwenMoeConfig(GatedQwenConfig):
-    r"""
-    Configuration of a [`GatedQwenMoeModel`]: a [`GatedQwenConfig`] (the gate, its defaults, the attention) with
-    Qwen3-MoE's mixture of experts (its fields, defaults and weight layout) and Qwen3-Next's optional shared expert.
-    Layers that are not sparse keep the dense `intermediate_size` MLP.
-
-    num_experts (`int`, defaults to 128):
-        Routed experts per sparse layer (Qwen3-MoE's default, and the paper's MoE).
-    num_experts_per_tok (`int`, defaults to 8):
-        Experts each token is routed to (top-k of a softmax over the router logits).
-    moe_intermediate_size (`int`, defaults to 768):
-        Width of each routed expert.
-    norm_topk_prob (`bool`, defaults to `False`):
-        Renormalise the top-k probabilities to sum to 1.
-    decoder_sparse_step (`int`, defaults to 1), mlp_only_layers (`list[int]` or `None`, defaults to `None`):
-        Layer `i` is sparse when `(i + 1) % decoder_sparse_step == 0` and `i` is not in `mlp_only_layers`; other
-        layers keep the dense `intermediate_size` MLP (as in Qwen3-MoE).
-    shared_expert_intermediate_size (`int`, defaults to 0):
-        Width of an always-active shared expert scaled by `sigmoid(shared_expert_gate(x))` (Qwen3-Next); 0: none.
-    router_aux_loss_coef (`float`, defaults to 0.001), router_z_loss_coef (`float`, defaults to 0.0):
-        Weights of the load-balancing loss (Switch/Qwen3-MoE) and of the router z-loss (ST-MoE) in the LM loss.
-    output_router_logits (`bool`, defaults to `False`):
-        Return the router logits of every sparse layer; the auxiliary losses are computed only when set (as in
-        Qwen3-MoE), so set it for training.
-
-    Example:
-    ```python
-    >>> from gated_qwen import GatedQwenMoeConfig, GatedQwenMoeForCausalLM
-    >>> config = GatedQwenMoeConfig.from_paper("moe-15a2b", gate_granularity="headwise")
-    >>> model = GatedQwenMoeForCausalLM(config)
-    ```
-    """
-
-    model_type = "gated_qwen_moe"
-    default_auto_map: ClassVar[dict[str, str]] = MOE_AUTO_MAP
-
-    num_experts: int = validated_field(_num_experts, default=128)
-    num_experts_per_tok: int = validated_field(_positive("num_experts_per_tok"), default=8)
-    moe_intermediate_size: int = validated_field(_positive("moe_intermediate_size"), default=768)
-    norm_topk_prob: bool = False
-    decoder_sparse_step: int = validated_field(_positive("decoder_sparse_step"), default=1)
-    mlp_only_layers: list[int] | None = None
-    shared_expert_intermediate_size: int = validated_field(
-        _at_least_zero("shared_expert_intermediate_size", "no shared expert"), default=0)
-    router_aux_loss_coef: float | int = validated_field(_non_negative_number("router_aux_loss_coef"), default=0.001)
-    router_z_loss_coef: float | int = validated_field(_non_negative_number("router_z_loss_coef"), default=0.0)
-    output_router_logits: bool = False
-
-    def __post_init__(self, **kwargs):
-        if self.mlp_only_layers is not None and len(self.mlp_only_layers) == 0:
-            self.mlp_only_layers = None  # Qwen3-MoE writes [] for "none"
-        super().__post_init__(**kwargs)
-
-    def __setattr__(self, name, value):
-        if name == "mlp_only_layers" and isinstance(value, (list, tuple)):
-            value = sorted(value)
-        super().__setattr__(name, value)
-
-    def validate_moe(self) -> None:
-        """The mixture-of-experts fields together."""
-        if self.num_experts_per_tok > self.num_experts:
-            raise ValueError(
-                f"`num_experts_per_tok` ({self.num_experts_per_tok}) must be at most `num_experts` "
-                f"({self.num_experts})."
-            )
-        if self.mlp_only_layers is not None:
-            layers = list(self.mlp_only_layers)
-            if any(not 0 <= i < self.num_hidden_layers for i in layers) or len(set(layers)) != len(layers):
-                raise ValueError(
-                    f"`mlp_only_layers` must hold distinct indices in [0, {self.num_hidden_layers}) "
-                    f"(`num_hidden_layers`={self.num_hidden_layers}), got {layers!r}."
-                )
-        if not self.sparse_layers:
-            raise ValueError(
-                f"`num_experts`={self.num_experts} but no layer is sparse: `decoder_sparse_step`="
-                f"{self.decoder_sparse_step} and `mlp_only_layers`={self.mlp_only_layers!r} leave every one of the "
-                f"{self.num_hidden_layers} layers dense. A dense model is a GatedQwenConfig."
-            )
-
-    @property
-    def sparse_layers(self) -> list[int]:
-        """Indices of the mixture-of-experts layers (Qwen3-MoE's rule)."""
-        dense = set(self.mlp_only_layers or [])
-        return [i for i in range(self.num_hidden_layers) if i not in dense and (i + 1) % self.decoder_sparse_step == 0]
-
-    @GatedQwenConfig.base_model_tp_plan.getter
-    def base_model_tp_plan(self) -> dict[str, str]:
-        """GatedQwenConfig's plan (the dense MLP's rules only where some layer keeps it), Qwen3-MoE's expert rules
-        (the router is replicated) and Qwen3-Next's shared-expert rules when there is one."""
-        mlp = "layers.*.mlp"
-        plan = super().base_model_tp_plan
-        if len(self.sparse_layers) == self.num_hidden_layers:  # no layer keeps the dense MLP
-            plan = {rule: style for rule, style in plan.items() if not rule.startswith(f"{mlp}.")}
-        plan |= {f"{mlp}.experts.gate_up_proj": "packed_colwise", f"{mlp}.experts.down_proj": "rowwise",
-                 f"{mlp}.experts": "moe_tp_experts"}
-        if self.shared_expert_intermediate_size:
-            plan |= {f"{mlp}.shared_expert.gate_proj": "colwise", f"{mlp}.shared_expert.up_proj": "colwise",
-                     f"{mlp}.shared_expert.down_proj": "rowwise"}
-        return plan
-
-    @property
-    def base_model_ep_plan(self) -> dict[str, str]:
-        """Expert parallelism (`distributed_config` with experts): Qwen3-MoE's plan."""
-        return {"layers.*.mlp.experts.gate_up_proj": "grouped_gemm", "layers.*.mlp.experts.down_proj": "grouped_gemm",
-                "layers.*.mlp.experts": "ep_dispatch_experts"}
-
 
 def _dense_error(what: str) -> str:
     return (f"{what} asks for a mixture of experts, which GatedQwenConfig (the dense model, model_type 'gated_qwen') "
@@ -511,14 +342,14 @@ def model_type_error(cls, config_dict: dict, source: str) -> str:
         return (f"{source} has model_type {config_dict.get('model_type')!r}; this code reads "
                 f"{' and '.join(repr(t) for t in GATED_MODEL_TYPES)} folders. Folders of other formats are read by "
                 "the gated_qwen package (`gated-qwen convert --help` lists them): pip install gated-qwen.")
-    if config_dict["model_type"] == GatedQwenMoeConfig.model_type:
+    if config_dict["model_type"] == GATED_MODEL_TYPES[1]:
         what, readers = (f"a mixture of experts (num_experts={config_dict.get('num_experts')!r})",
                          "GatedQwenMoeConfig and the GatedQwenMoe* models (e.g. GatedQwenMoeForCausalLM)")
     else:
         what, readers = "a dense model", "GatedQwenConfig and the dense GatedQwen* models (e.g. GatedQwenForCausalLM)"
-    kind = "the mixture of experts" if cls.model_type == GatedQwenMoeConfig.model_type else "the dense model"
+    kind = "the mixture of experts" if cls.model_type == GATED_MODEL_TYPES[1] else "the dense model"
     return (f"{source} holds {what}; {cls.__name__} is {kind} (model_type {cls.model_type!r}): load it with {readers}, "
             "or with the Auto classes.")
 
 
-__all__ = ["GatedQwenConfig", "GatedQwenMoeConfig"]
+__all__ = ["GatedQwenConfig"]

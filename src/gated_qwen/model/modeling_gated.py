@@ -9,12 +9,12 @@ paper is a config value. This is the dense model; the mixture of experts (`model
 Checkpoints hold exactly the model's own tensor names (the gate's `self_attn.gate.*` included): a gated_qwen folder
 loads with no conversion.
 
-A saved folder ships this file with `configuration_gated.py`, `gating.py` and `transformers_compat.py` (and
-`modeling_gated_moe.py` for a mixture of experts): relative imports only, nothing of the gated_qwen package. The
-fused kernel is found in Transformers' attention registry, where the package registers it when it is imported, or,
-without the package, where this file registers the Hub kernel that config.json names, loaded with Hugging Face's
-`kernels` (`fused_attention`, `hub_kernel_attention`). What the package adds (reading other checkpoint formats, its
-model card on `push_to_hub`) it attaches when it is imported; this file does not contain it.
+A saved folder ships this file with `configuration_gated.py`, `gating.py`, `attention_choice.py` (the default
+attention and the Hub kernel's loading), `loading_checks.py` and `transformers_compat.py` (and the mixture of
+experts' two files for one): relative imports only, nothing of the gated_qwen package. The fused kernel is found in
+Transformers' attention registry, where the package registers it when it is imported, or, without the package, where
+attention_choice.py registers the Hub kernel that config.json names. What the package adds (reading other checkpoint
+formats, its model card on `push_to_hub`) it attaches when it is imported; this file does not contain it.
 """
 
 from collections.abc import Callable
@@ -25,7 +25,6 @@ from torch import nn
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.generation import GenerationMixin
-from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 from transformers.modeling_layers import (
     GenericForQuestionAnswering,
     GenericForSequenceClassification,
@@ -33,7 +32,7 @@ from transformers.modeling_layers import (
     GradientCheckpointingLayer,
 )
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface, PreTrainedModel
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
 from transformers.models.qwen3.modeling_qwen3 import (
     Qwen3Attention,
     Qwen3MLP,
@@ -48,8 +47,10 @@ from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
+from .attention_choice import choose_attention
 from .configuration_gated import GatedQwenConfig
-from .gating import FUSED_ATTENTION, GatedQwenGate, applies_output_gate, register_head_shared_gate_style
+from .gating import GatedQwenGate, applies_output_gate, register_head_shared_gate_style
+from .loading_checks import refuse_unexpected_gates, refuse_unloaded_tensors
 from .transformers_compat import (
     CACHE_FIELD,
     create_causal_mask,
@@ -58,101 +59,6 @@ from .transformers_compat import (
 )
 
 logger = logging.get_logger(__name__)
-PACKAGE_KERNEL_HINT = (f"the fused Triton kernel with the gate in its epilogue (attn_implementation='{FUSED_ATTENTION}') "
-                       "runs on a CUDA GPU where the gated_qwen package is installed and imported before the model is "
-                       "loaded: pip install 'gated-qwen[triton]', then import gated_qwen")
-# The Hub kernels that did not load in this process, and why: {(repo, revision): reason}. Tried once each.
-HUB_KERNEL_FAILURES: dict[tuple[str, str], str] = {}
-
-
-def hub_kernel_attention(config: GatedQwenConfig) -> Callable | None:
-    """The attention function of the Hub kernel that `config` names (`hub_kernel_repo` at the commit
-    `hub_kernel_revision`: the package's kernel, built by `make kernel-repo`), loaded with Hugging Face's `kernels`
-    (`get_kernel`) and registered in Transformers' attention registry as the fused attention, with its mask; None where
-    the config names none, `kernels` is not installed, or the kernel does not load (`HUB_KERNEL_FAILURES` says why).
-    The kernel repository is allowed because this folder's own config.json names it (`trust_remote_code=[repo]`)."""
-    repo, revision = config.hub_kernel_repo, config.hub_kernel_revision
-    if repo is None or (repo, revision) in HUB_KERNEL_FAILURES:
-        return None
-    try:
-        import kernels
-    except ImportError:
-        return None
-    try:
-        function = kernels.get_kernel(repo, revision=revision, trust_remote_code=[repo]).gated_attention_forward
-    except Exception as error:  # no network, no such commit, a `kernels` too old: said in the model's one log line
-        message = str(error).strip().splitlines()
-        HUB_KERNEL_FAILURES[repo, revision] = f"{type(error).__name__}: {message[0][:300] if message else ''}"
-        return None
-    AttentionInterface.register(FUSED_ATTENTION, function)
-    AttentionMaskInterface.register(FUSED_ATTENTION, flash_attention_mask)
-    logger.info_once(f"GatedQwen: the fused attention is the Hub kernel {repo} at {revision}")
-    return function
-
-
-def fused_kernel_hint(config: GatedQwenConfig) -> str:
-    """What would give the fused kernel, for the one log line of a model that runs SDPA and the gate."""
-    repo, revision = config.hub_kernel_repo, config.hub_kernel_revision
-    if repo is None:
-        return PACKAGE_KERNEL_HINT
-    hub = f"the Hub kernel {repo} at {revision[:12]} that config.json names"
-    if (repo, revision) in HUB_KERNEL_FAILURES:
-        return f"{hub} did not load ({HUB_KERNEL_FAILURES[repo, revision]}); else {PACKAGE_KERNEL_HINT}"
-    return (f"{hub} runs on a CUDA GPU where Hugging Face's kernels library is installed (pip install kernels); or "
-            f"{PACKAGE_KERNEL_HINT}")
-
-
-def fused_attention(config: GatedQwenConfig) -> str | None:
-    """The fused attention that runs by default for `config`, found in Transformers' attention registry: the
-    gated_qwen package's kernel where the package has registered it (importing the package does), else, on a CUDA
-    GPU, the Hub kernel config.json names (`hub_kernel_attention`), where it says it runs by default for this config
-    (its `runs_by_default(config)`: a CUDA GPU, Triton, no sliding windows, no attention dropout); else None."""
-    function = ALL_ATTENTION_FUNCTIONS.get(FUSED_ATTENTION)
-    if function is None and torch.cuda.is_available():
-        function = hub_kernel_attention(config)
-    runs_by_default = getattr(function, "runs_by_default", None)
-    return FUSED_ATTENTION if runs_by_default is not None and runs_by_default(config) else None
-
-
-def refuse_unexpected_gates(model: PreTrainedModel, info: dict) -> None:
-    """Refuses a loaded model whose loading `info` says the checkpoint holds a gate tensor of a layer its config has
-    no gate in (the mirror of a missing gate: Transformers would drop it, and the model compute another function than
-    the one saved), naming the tensor and the config field."""
-    extra = sorted(name for name in info["unexpected_keys"] if ".self_attn.gate." in name)
-    if extra:
-        config = model.config
-        field = "gate_position=None" if config.gate_position is None else f"gate_layers={config.gate_layers}"
-        raise ValueError(
-            f"the checkpoint holds {extra[0]}" + (f" (and {len(extra) - 1} more gate tensors)" if len(extra) > 1
-                                                   else "")
-            + f", a gate its config does not have ({field}); refusing to drop it. Load the folder with the config it "
-            "was saved with.")
-
-
-def refuse_unloaded_tensors(model: PreTrainedModel, info: dict, allows_mismatch: bool) -> None:
-    """Refuses a loaded model whose loading `info` (`from_pretrained(..., output_loading_info=True)`) says a gate
-    tensor was missing or of another shape, or (unless `allows_mismatch`) any tensor of another shape, naming it."""
-    mismatched = sorted((key if isinstance(key, tuple) else (key, None, None)) for key in info["mismatched_keys"])
-    not_loaded = sorted(name for name in [*info["missing_keys"], *(name for name, *_ in mismatched)]
-                        if ".self_attn.gate." in name)
-    if not_loaded:
-        missing = not_loaded[0] in info["missing_keys"]
-        raise ValueError(
-            f"the checkpoint has {'no tensor' if missing else 'a tensor of another shape'} for {not_loaded[0]}"
-            + (f" (and {len(not_loaded) - 1} more gate tensors)" if len(not_loaded) > 1 else "")
-            + f", yet its config has a gate (gate_position={model.config.gate_position!r}); refusing to start "
-            "that gate at random. Load the folder with the config it was saved with, or pass gate fields only to "
-            "add a gate to a stock Qwen3 folder."
-        )
-    if mismatched and not allows_mismatch:
-        name, stored, expected = mismatched[0]
-        shapes = f" has shape {list(stored)}, not the {list(expected)} its config gives" if stored else (
-            " has another shape than its config gives")
-        raise ValueError(
-            f"the checkpoint's {name}{shapes}" + (f" (and {len(mismatched) - 1} more tensors)" if len(mismatched)
-                                                  > 1 else "")
-            + "; load the folder with the config it was saved with (ignore_mismatched_sizes=True would start "
-            "such tensors, other than the gate's, at random).")
 
 
 class GatedQwenRMSNorm(Qwen3RMSNorm):
@@ -309,7 +215,7 @@ class GatedQwenPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
     _no_split_modules = ["GatedQwenDecoderLayer"]
-    _skip_keys_device_placement = ["past_key_values"]
+    _skip_keys_device_placement = [CACHE_FIELD]  # the cache, named as the installed Transformers' models name it
     _supports_flash_attn = True
     _supports_sdpa = True
     _supports_flex_attn = True
@@ -337,8 +243,8 @@ class GatedQwenPreTrainedModel(PreTrainedModel):
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
         """Transformers' `from_pretrained`, which refuses a checkpoint that lacks a gate tensor its config has,
-        holds one its config does not have, or holds one of another shape (even with `ignore_mismatched_sizes=True`), rather than starting that gate at
-        random (Transformers' own answer is a "newly initialized" warning), and any other tensor of another shape
+        holds one its config does not have, or holds one of another shape (even with `ignore_mismatched_sizes=True`),
+        rather than starting that gate at random (Transformers' own answer is a "newly initialized" warning), and any other tensor of another shape
         unless `ignore_mismatched_sizes=True`: one error naming the tensor. The gated_qwen package replaces
         `_read_pretrained` to also read other checkpoint formats; this check holds for both."""
         wants_info = kwargs.get("output_loading_info", False)
@@ -357,25 +263,10 @@ class GatedQwenPreTrainedModel(PreTrainedModel):
         return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
 
     def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
-        """The attention that runs: by default the fused attention the registry offers for this config
-        (`fused_attention`), else Transformers' choice (`sdpa`) with the gate applied after it, which one log line
-        says along with how to get the fused kernel (a warning on a CUDA GPU). Asked for by name, the fused attention
-        is the package's, else the Hub kernel config.json names (on any device)."""
-        if requested_attention == FUSED_ATTENTION and FUSED_ATTENTION not in ALL_ATTENTION_FUNCTIONS:
-            if hub_kernel_attention(self.config) is None:
-                raise ValueError(f"attn_implementation={FUSED_ATTENTION!r} needs the fused kernel: "
-                                 f"{fused_kernel_hint(self.config)}")
-        if requested_attention is not None:
-            return super().get_correct_attn_implementation(requested_attention, is_init_check)
-        fused = fused_attention(self.config)
-        if fused is not None:
-            return fused
-        chosen = super().get_correct_attn_implementation(requested_attention, is_init_check)
-        if FUSED_ATTENTION not in ALL_ATTENTION_FUNCTIONS:  # said where the fused kernel could have run
-            log = logger.warning_once if torch.cuda.is_available() else logger.info_once
-            log(f"GatedQwen: attention runs as {chosen!r} with a separate sigmoid gate; "
-                f"{fused_kernel_hint(self.config)}")
-        return chosen
+        """By default the fused attention where the registry offers it, else Transformers' choice with the gate
+        after it (attention_choice.py)."""
+        return choose_attention(self.config, requested_attention, lambda: super(
+            GatedQwenPreTrainedModel, self).get_correct_attn_implementation(requested_attention, is_init_check))
 
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)

@@ -37,7 +37,7 @@ from transformers.utils import TransformersKwargs, can_return_tuple
 from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.output_capturing import OutputRecorder
 
-from .configuration_gated import GatedQwenMoeConfig
+from .configuration_gated_moe import GatedQwenMoeConfig
 from .modeling_gated import GatedQwenDecoderLayer, GatedQwenForCausalLM, GatedQwenModel, GatedQwenPreTrainedModel
 
 

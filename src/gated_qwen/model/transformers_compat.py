@@ -4,16 +4,17 @@ code) and 5.24 (this project's lock). The model files import these names from he
 once, at import, by what the installed Transformers has (not by its version number, which says nothing about the
 releases in between).
 
-| name                          | 5.24 (the lock)                                   | 5.17 - 5.19                                    |
+| name                          | 5.25 (the lock)                                   | 5.17 - 5.19                                    |
 |-------------------------------|---------------------------------------------------|------------------------------------------------|
 | `ALL_PARALLEL_STYLES`         | `transformers.distributed.parallel_utils`         | `transformers.distributed.tensor_parallel`     |
 | `slice_logits_to_keep`        | `transformers.modeling_utils`                     | absent: Qwen3's own slice, defined here        |
 | the cache argument of masks   | `create_causal_mask(cache=...)`                   | `create_causal_mask(past_key_values=...)`      |
 | the cache field of outputs    | `BaseModelOutputWithPast.cache`                   | `BaseModelOutputWithPast.past_key_values`      |
+| `hub_attention_kernel_loader` | 5.25 with kernels 0.19: Transformers' own loader  | None: the model files load it with `kernels`   |
 
 Forwards take the cache as `cache` in every version: `@deprecate_kwarg("past_key_values", ..., new_name="cache")`
 renames what older `generate` passes. tests/model/test_transformers_compat.py checks each choice against the installed
-Transformers; `make test` (5.24), `make test-serving` (5.19) and `make test-compat` (5.17) run it.
+Transformers; `make test` (5.25), `make test-serving` (5.19) and `make test-compat` (5.17) run it.
 
 This file is copied to the Hugging Face Hub beside `modeling_gated.py`: relative imports only.
 """
@@ -54,8 +55,21 @@ def create_sliding_window_causal_mask(*, cache, **kwargs):
     return masking_utils.create_sliding_window_causal_mask(**{MASK_CACHE_ARGUMENT: cache}, **kwargs)
 
 
+def hub_attention_kernel_loader():
+    """Transformers' own route for a Hub attention kernel, `load_and_register_attn_kernel("repo@revision:function",
+    allow_all_kernels=...)`, where the installed Transformers has it and accepts the installed `kernels` (5.25 with
+    kernels 0.19); else None. Asked at each use: whether `kernels` fits is Transformers' own (cached) answer."""
+    try:
+        from transformers.integrations.hub_kernels import load_and_register_attn_kernel
+        from transformers.utils.import_utils import is_kernels_available
+    except ImportError:
+        return None
+    takes_trust = "allow_all_kernels" in inspect.signature(load_and_register_attn_kernel).parameters
+    return load_and_register_attn_kernel if takes_trust and is_kernels_available() else None
+
+
 __all__ = ["CACHE_FIELD", "MASK_CACHE_ARGUMENT", "create_causal_mask", "create_sliding_window_causal_mask",
-           "slice_logits_to_keep"]
+           "hub_attention_kernel_loader", "slice_logits_to_keep"]
 
 if is_torch_distributed_available():
     from transformers.distributed.tensor_parallel import TensorParallelLayer

@@ -17,16 +17,20 @@ import subprocess
 import time
 from pathlib import Path
 
+import torch
+from safetensors.torch import save_file
+
 from ...files import check_output, output_folder
 from ..memory import check_training_fits
+from . import runs
+from .corpora import CORPORA, HELDOUT_SEED
+from .presets import PLANS, VARIANTS, customised, extrapolation_lengths, model_config, plan_dict, training_key
+from .report import write_reproduce
+from .runs import held_out, unique_runs
 
 
 def run_reproduce(args) -> int:
-    import torch
 
-    from . import runs
-    from .presets import plan_dict
-    from .report import write_reproduce
 
     plan = reproduce_plan(args)
     out = dict(overwrite=args.overwrite, create_parents=True)
@@ -78,8 +82,6 @@ def reproduce_plan(args):
     """The `presets.Plan` the flags ask for (refused with the reason when they name no preset, corpus or variant, or
     a width the heads do not divide): the size flags and `--variants` change the main models, `--seeds` every family's
     seeds, `--families` which families run."""
-    from .corpora import CORPORA
-    from .presets import PLANS, VARIANTS, customised
 
     if args.preset not in PLANS:
         raise ValueError(f"--preset {args.preset!r} is not a preset; choose one of {', '.join(PLANS)}.")
@@ -121,11 +123,7 @@ def check_reproduce(plan, args) -> int:
     """Everything a `reproduce` run could fail on after training started, checked before any worker starts: the
     seeds, each family's corpus at every length it is drawn at, the memory of the main models' runs at once and each
     variant's config. Returns the number of runs at once (`--jobs`, or one per CPU core)."""
-    import torch
 
-    from .corpora import HELDOUT_SEED
-    from .presets import extrapolation_lengths, model_config
-    from .runs import unique_runs
 
     for family in plan.families:
         chosen = family.preset
@@ -152,10 +150,7 @@ def check_reproduce(plan, args) -> int:
 def _save_held_out(folder: Path, plan) -> None:
     """The held-out documents each family was measured on, as safetensors beside the report: heldout.safetensors
     for the main models, heldout_<family>.safetensors for each other family with its own model or corpus."""
-    from safetensors.torch import save_file
 
-    from .presets import extrapolation_lengths, training_key
-    from .runs import held_out
 
     saved = set()
     for family in plan.families:

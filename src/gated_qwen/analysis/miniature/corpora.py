@@ -21,6 +21,7 @@ Every document starts with BOS (id 0), as pretraining sequences do.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -296,7 +297,6 @@ class TrigramLanguage:
     def entropy_floor(self, length: int) -> float:
         """The corpus's mean next-token entropy (nats) over positions 1..length-1 of a document: the least held-out
         loss any model can reach."""
-        import math
 
         return (math.log(self.vocab_size - 1) + (length - 2) * math.log(self.successors)) / (length - 1)
 

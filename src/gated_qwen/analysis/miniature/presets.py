@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, replace
 
+from ... import GatedQwenConfig
 from .corpora import CORPORA, BigramBackcopy, KeyValueRecall, SyntheticLanguage, TrigramLanguage
 
 VARIANTS: dict[str, dict] = {
@@ -172,7 +173,6 @@ PLANS: dict[str, Plan] = {
 
 def model_config(preset: Preset, variant: str):
     """The `GatedQwenConfig` of one variant at the preset's size (RoPE base `rope_theta`, context `seq_len`)."""
-    from ... import GatedQwenConfig
 
     return GatedQwenConfig(
         vocab_size=preset.language.vocab_size, hidden_size=preset.hidden_size,

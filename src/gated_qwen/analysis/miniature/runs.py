@@ -21,7 +21,12 @@ from contextlib import closing, contextmanager
 from pathlib import Path
 
 import torch
+import transformers
+from tqdm.auto import tqdm
+from transformers import Trainer, TrainingArguments
+from transformers.trainer_callback import PrinterCallback
 
+from ... import GatedQwenForCausalLM
 from ...files import scratch_folder
 from ...model.gating import gate_parameters_per_layer, gated_layers
 from ..measure import analyze, first_token_attention_per_query
@@ -106,7 +111,6 @@ def train_and_measure(preset: Preset, variant: str, learning_rate: float, seed: 
 @contextmanager
 def _quiet_transformers() -> Iterator[None]:
     """Transformers' warnings and progress bars off (save_pretrained would draw one per model), restored after."""
-    import transformers
 
     verbosity, bars = transformers.logging.get_verbosity(), transformers.utils.logging.is_progress_bar_enabled()
     transformers.logging.set_verbosity_error()
@@ -122,8 +126,6 @@ def _quiet_transformers() -> Iterator[None]:
 def _train(model, preset: Preset, learning_rate: float, seed: int, seq_len: int, steps: int) -> list[dict]:
     """`steps` steps of the `Trainer` on `preset.language` documents of `seq_len` tokens drawn with `seed` (AdamW,
     cosine schedule with warmup); returns the log entries of the steps (`loss`, `grad_norm`)."""
-    from transformers import Trainer, TrainingArguments
-    from transformers.trainer_callback import PrinterCallback
 
     train = preset.language.sample(steps * preset.batch_size, seq_len, seed=seed)
     with scratch_folder("trainer") as scratch:
@@ -147,7 +149,6 @@ def _train(model, preset: Preset, learning_rate: float, seed: int, seq_len: int,
 
 def _train_and_measure_quietly(preset: Preset, variant: str, learning_rate: float,
                                seed: int) -> tuple[dict, torch.nn.Module]:
-    from ... import GatedQwenForCausalLM
 
     started = time.perf_counter()
     heldout = held_out(preset, preset.seq_len)
@@ -212,7 +213,6 @@ def _train_in_worker(numbered: tuple[int, dict]) -> tuple[int, dict, object, byt
 
 def _tensors_from_worker(result: dict, config, tensors: bytes) -> tuple[dict, torch.nn.Module]:
     """The result and model of one run that `_train_in_worker` handed back."""
-    from ... import GatedQwenForCausalLM
 
     packed = torch.load(io.BytesIO(tensors), weights_only=True)
     model = GatedQwenForCausalLM(config)
@@ -255,7 +255,6 @@ def run_all(plan: Plan, models_dir: Path | None, jobs: int, progress: bool = Tru
     multiprocessing. The workers write nothing (they hand back results and models) and end with this process: on an
     error or Ctrl-C here they are terminated (they ignore Ctrl-C themselves, so they print nothing), and a worker
     whose parent was killed exits within 0.2 s."""
-    from tqdm.auto import tqdm
 
     planned = unique_runs(plan)
     runs = [dict(preset=preset, variant=variant, learning_rate=lr, seed=seed) for preset, variant, lr, seed in planned]

@@ -9,6 +9,9 @@ without the model stack. `GATED` is this package's own format, the other end of 
 
 from __future__ import annotations
 
+from transformers import CONFIG_MAPPING
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
 from ..errors import CheckpointFormatError
 from ..format import ExportOption, Format
 from . import gguf, mlx, onnx, qwen3, qwen3_5, release
@@ -66,7 +69,5 @@ def model_class(model_type: str) -> type:
     """The causal LM class that reads a folder of `model_type`: Transformers' (`AutoModelForCausalLM`'s mapping),
     in which the gated_qwen package has registered its own (`gated_qwen.register`, which runs as soon as
     Transformers is imported beside the package)."""
-    from transformers import CONFIG_MAPPING
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     return MODEL_FOR_CAUSAL_LM_MAPPING[CONFIG_MAPPING[model_type]]

@@ -32,8 +32,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch
+from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM, Qwen3_5TextConfig, Qwen3NextConfig
+
+from ...files import read_json_object, scratch_folder
+from ...model.configuration_gated_moe import GatedQwenMoeConfig
+from .. import io
 from ..errors import ConversionError, VerificationError, import_extra
 from ..format import Format
+from ..io import TensorPlan, carry_files
+from ..plans import FINAL_NORM, LAYER_NORMS, load_gated_config
+from .qwen3_5 import plan_gated_to_qwen3_5, plan_gated_to_qwen3_next
 
 if TYPE_CHECKING:
     import torch
@@ -88,7 +98,6 @@ def gguf_name(name: str) -> str:
 
 def check_llama_cpp_can_run(config) -> None:
     """The refusals of llama.cpp's architectures beyond those of the Qwen3.5 / Qwen3-Next export."""
-    from ...model.configuration_gated import GatedQwenMoeConfig
 
     if config.attention_bias:
         raise ConversionError("this model has attention_bias=True, an o_proj bias, which llama.cpp's Qwen3.5 / "
@@ -109,16 +118,13 @@ def check_llama_cpp_can_run(config) -> None:
 
 
 def _stacked(plans: list[TensorPlan]) -> TensorPlan:
-    import torch
 
-    from ..io import TensorPlan
 
     return TensorPlan((len(plans), *plans[0].shape), plans[0].dtype,
                       lambda: torch.stack([plan.make() for plan in plans]))
 
 
 def _part(plan: TensorPlan, rows: slice, shape: tuple[int, ...]) -> TensorPlan:
-    from ..io import TensorPlan
 
     return TensorPlan(shape, plan.dtype, lambda: plan.make()[:, rows].contiguous())
 
@@ -144,10 +150,7 @@ def _zero_layer(config, layer: int) -> dict[str, TensorPlan]:
     """The added Gated DeltaNet layer `layer` (float32; `_typed` gives it the file's types): its output projections
     (`ssm_out`, and the FFN's or experts' down projections) are zero, so it adds exactly 0 to the residual stream;
     the norms are ones, `ssm_a` -1 (`A_log` 0), the rest zero."""
-    import torch
 
-    from ...model.configuration_gated import GatedQwenMoeConfig
-    from ..io import TensorPlan
 
     hidden, d, blk = config.hidden_size, LINEAR_HEAD_DIM, f"blk.{layer}."
     shapes = {"attn_qkv.weight": (3 * d, hidden), "attn_gate.weight": (d, hidden),  # q, k, v of one head each
@@ -176,11 +179,7 @@ def plan_gguf(ckpt: Checkpoint):
     """`(architecture, the equivalent Qwen3.5 / Qwen3-Next config, {gguf tensor name: TensorPlan})`: llama.cpp's
     tensors in the order written, `FLOAT32_SUFFIXES` and 1-D tensors in float32, the others in the source's dtype
     (float32 for a dtype GGUF has no type for)."""
-    import torch
 
-    from ...model.configuration_gated import GatedQwenMoeConfig
-    from ..plans import FINAL_NORM, LAYER_NORMS, load_gated_config
-    from .qwen3_5 import plan_gated_to_qwen3_5, plan_gated_to_qwen3_next
 
     config = load_gated_config(ckpt, moe=True)
     check_llama_cpp_can_run(config)
@@ -213,7 +212,6 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def _source(ckpt: Checkpoint, name: str) -> TensorPlan:
-    from ..io import TensorPlan
 
     info = ckpt.tensors[name]
     return TensorPlan(info.shape, info.dtype, lambda: ckpt.get(name))
@@ -225,9 +223,7 @@ FLOAT32_SUFFIXES = ("_norm.weight", "ffn_gate_inp.weight", "ffn_gate_inp_shexp.w
 
 
 def _typed(name: str, plan: TensorPlan, dtype: torch.dtype) -> TensorPlan:
-    import torch
 
-    from ..io import TensorPlan
 
     wide = len(plan.shape) == 1 or name.endswith(FLOAT32_SUFFIXES) or not name.endswith(".weight")
     want = torch.float32 if wide else dtype
@@ -285,7 +281,6 @@ def write_vocabulary(writer, src: Path, vocab_size: int) -> bool:
     """SRC's byte-level BPE tokenizer as llama.cpp's `gpt2` vocabulary (tokens padded to `vocab_size` with unused
     ones, merges, special token ids, chat template; the gguf package's `BpeVocab` and `SpecialVocab`), or `no_vocab`
     without a tokenizer.json; returns whether a vocabulary was written."""
-    from ...files import scratch_folder
 
     if not (src / "tokenizer.json").exists():
         writer.add_tokenizer_model("no_vocab")
@@ -305,16 +300,14 @@ def _copy_tokenizer_files(src: Path, private: Path) -> None:
     """Copies SRC's tokenizer files into `private`, each through the file opened when it was checked as SRC's own
     (`io.carry_files`), so that what the gguf package reads by name is what was checked, whatever SRC's names point
     to meanwhile."""
-    from ..io import carry_files, source_file
 
-    checked = {name: source_file(src, name, "SRC's tokenizer file")  # only SRC's own files are read
+    checked = {name: io.source_file(src, name, "SRC's tokenizer file")  # only SRC's own files are read
                for name in TOKENIZER_FILES if (src / name).exists() or (src / name).is_symlink()}
     carry_files(checked, private)
 
 
 def _add_vocabulary(writer, src: Path, vocab_size: int) -> None:
     """`write_vocabulary` from the checked copies in `src`."""
-    from ...files import read_json_object
 
     gguf = _gguf()
     tokenizer = read_json_object(src / "tokenizer.json", "SRC's tokenizer.json", ConversionError)
@@ -352,8 +345,6 @@ def write_gguf(path: Path, arch: str, stock, tensors: dict[str, TensorPlan], src
     """Streams the GGUF into `path`: header, metadata and tensor index first, then one tensor at a time (memory:
     about the largest tensor). Returns whether a vocabulary was written."""
     import numpy as np
-    import torch
-    from tqdm.auto import tqdm
 
     gguf = _gguf()
     types = {torch.float32: (None, "float32"), torch.float16: (None, "float16"),
@@ -381,7 +372,6 @@ def write_gguf(path: Path, arch: str, stock, tensors: dict[str, TensorPlan], src
 
 def check_gguf(path: Path, arch: str, tensors: dict[str, TensorPlan]) -> None:
     """The file holds exactly the planned tensors (names, shapes, types), read back with the gguf package."""
-    import torch
 
     gguf = _gguf()
     reader = gguf.GGUFReader(path)
@@ -400,7 +390,6 @@ def check_gguf(path: Path, arch: str, tensors: dict[str, TensorPlan]) -> None:
 def read_back(path: Path, stock) -> dict[str, torch.Tensor]:
     """The GGUF's tensors as the state dict of the stock Qwen3.5 / Qwen3-Next model `stock` (norms zero-centred
     again); refuses an added layer whose output projections are not all zero."""
-    import torch
 
     gguf = _gguf()
     reader = gguf.GGUFReader(path)
@@ -446,7 +435,6 @@ def read_back(path: Path, stock) -> dict[str, torch.Tensor]:
 def stock_config(fields: dict, tensors: set[str]):
     """The stock Qwen3.5 text / Qwen3-Next config (every layer full attention) that a GGUF's metadata `fields`
     describe, for its tensor names `tensors` (the added layer left out)."""
-    from transformers import Qwen3_5TextConfig, Qwen3NextConfig
 
     arch = fields["general.architecture"]
 
@@ -476,8 +464,6 @@ def gguf_logits(path: Path, input_ids: torch.Tensor) -> torch.Tensor:
     Qwen3-Next compute: its metadata as the stock Transformers config (`stock_config`), its tensors read back into
     `Qwen3_5ForCausalLM` / `Qwen3NextForCausalLM` (`read_back`, which refuses an added layer that is not zero). The
     `--verify` of `--to gguf`; what llama.cpp itself computes from the file is checked by `make test-llama`."""
-    import torch
-    from transformers import AutoModelForCausalLM
 
     gguf = _gguf()
     reader = gguf.GGUFReader(path)

@@ -39,8 +39,16 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING
 
-from ..errors import ConversionError
+import torch
+from transformers import AutoModelForCausalLM, Qwen3_5TextConfig, Qwen3NextConfig
+
+from ...model.configuration_gated import GatedQwenConfig
+from ...model.configuration_gated_moe import GatedQwenMoeConfig
+from ..errors import ConversionError, VerificationError
 from ..format import Format
+from ..io import TensorPlan
+from ..plans import FINAL_NORM, load_gated_config, zeros
+from .qwen3_5 import plan_gated_to_qwen3_5
 
 if TYPE_CHECKING:
     import torch
@@ -172,7 +180,6 @@ def _mlp_shapes(prefix: str, hidden: int, inner: int) -> dict[str, tuple[int, ..
 def _dense_view(ckpt: Checkpoint) -> Checkpoint:
     """`ckpt` with a dense gated_qwen config.json (the mixture of experts' own fields left out): the attention part
     of a GatedQwen-MoE is planned as a dense model's (the same tensors; the experts pass through)."""
-    from ...model.configuration_gated import GatedQwenConfig, GatedQwenMoeConfig
 
     moe_only = set(GatedQwenMoeConfig.__dataclass_fields__) - set(GatedQwenConfig.__dataclass_fields__)
     view = copy.copy(ckpt)
@@ -182,7 +189,6 @@ def _dense_view(ckpt: Checkpoint) -> Checkpoint:
 
 
 def _source(ckpt: Checkpoint, name: str) -> TensorPlan:
-    from ..io import TensorPlan
 
     info = ckpt.tensors[name]
     return TensorPlan(info.shape, info.dtype, lambda: ckpt.get(name))
@@ -191,9 +197,7 @@ def _source(ckpt: Checkpoint, name: str) -> TensorPlan:
 def _stacked_experts(plan: dict[str, TensorPlan], layer: int, num_experts: int) -> dict[str, TensorPlan]:
     """The experts of `layer` (one tensor per expert on disk, or Transformers' stacked `gate_up_proj` and
     `down_proj`) as mlx-lm's `switch_mlp` projections `[experts, out, in]`."""
-    import torch
 
-    from ..io import TensorPlan
 
     prefix = f"model.layers.{layer}.mlp."
     if prefix + "experts.gate_up_proj" in plan:
@@ -216,7 +220,6 @@ def _stacked_experts(plan: dict[str, TensorPlan], layer: int, num_experts: int) 
 
 def _zero_shared_expert(config, layer: int, dtype: torch.dtype) -> dict[str, TensorPlan]:
     """A shared expert of width 1 whose down projection is zero (it adds exactly 0), with a zero gate."""
-    from ..plans import zeros
 
     prefix, hidden = f"model.layers.{layer}.mlp.", config.hidden_size
     return {prefix + "shared_expert.gate_proj.weight": zeros((1, hidden), dtype),
@@ -228,9 +231,6 @@ def _zero_shared_expert(config, layer: int, dtype: torch.dtype) -> dict[str, Ten
 def plan_gated_to_mlx(ckpt: Checkpoint) -> tuple[dict, dict[str, TensorPlan]]:
     """`(config.json, {name: TensorPlan})` of the mlx-lm folder of the gated_qwen / gated_qwen_moe checkpoint: the
     `--to qwen3_5` export's tensors with GatedQwen's own norm weights, the experts stacked, under mlx-lm's names."""
-    from ...model.configuration_gated import GatedQwenMoeConfig
-    from ..plans import FINAL_NORM, load_gated_config
-    from .qwen3_5 import plan_gated_to_qwen3_5
 
     config = load_gated_config(ckpt, moe=True)
     moe = isinstance(config, GatedQwenMoeConfig)
@@ -258,8 +258,6 @@ def plan_gated_to_mlx(ckpt: Checkpoint) -> tuple[dict, dict[str, TensorPlan]]:
 def stock_model(config: dict):
     """The stock Transformers model (float32, eager attention, random weights) that computes what mlx-lm computes
     for this config.json: `Qwen3_5ForCausalLM` or `Qwen3NextForCausalLM`, every layer full attention."""
-    import torch
-    from transformers import AutoModelForCausalLM, Qwen3_5TextConfig, Qwen3NextConfig
 
     common = {k: config[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                                      "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
@@ -277,7 +275,6 @@ def stock_model(config: dict):
 def stock_state(ckpt: Checkpoint) -> dict[str, torch.Tensor]:
     """The mlx-lm folder's tensors as the state dict of `stock_model`: the prefix dropped, the norms zero-centred
     (Qwen3.5's `x̂·(1 + w)`), the experts as Transformers' `gate_up_proj` / `down_proj`."""
-    import torch
 
     prefix = PREFIX[ckpt.config["model_type"]]
     data = {name.removeprefix(prefix): ckpt.get(name).float() for name in ckpt.tensors}
@@ -300,9 +297,7 @@ def mlx_logits(ckpt: Checkpoint, input_ids: torch.Tensor) -> torch.Tensor:
     """`input_ids: [B, S]` -> float32 logits `[B, S, vocab]` of an mlx-lm folder, read as what mlx-lm's Qwen3.5 /
     Qwen3-Next compute (`stock_model` with `stock_state`): the `--verify` of `--to mlx`. What mlx-lm itself computes
     from the folder is checked by `make test-mlx`."""
-    import torch
 
-    from ..errors import VerificationError
 
     model = stock_model(ckpt.config)
     missing, unexpected = model.load_state_dict(stock_state(ckpt), strict=False)

@@ -19,11 +19,23 @@ Transformers; `make test-onnx` (tests/engine_onnx) checks generation with the KV
 
 from __future__ import annotations
 
+import json
+import re
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch
+from transformers.cache_utils import DynamicCache
+from transformers.initialization import no_init_weights
+
+from ...files import write_json
+from ...model.configuration_gated_moe import GatedQwenMoeConfig
+from ...model.modeling_gated import GatedQwenForCausalLM
+from ...model.modeling_gated_moe import GatedQwenMoeForCausalLM
 from ..errors import ConversionError, import_extra
 from ..format import Format
+from ..plans import load_gated_config
 
 if TYPE_CHECKING:
     import torch
@@ -68,12 +80,7 @@ def load_model(ckpt: Checkpoint):
     """The GatedQwen / GatedQwen-MoE model of `ckpt` in float32 (SDPA; a mixture of experts with `batched_mm`
     experts), its weights read through the checkpoint's checked files (one tensor per expert on disk stacked as
     the model holds them)."""
-    from transformers.initialization import no_init_weights
 
-    from ...model.configuration_gated import GatedQwenMoeConfig
-    from ...model.modeling_gated import GatedQwenForCausalLM
-    from ...model.modeling_gated_moe import GatedQwenMoeForCausalLM
-    from ..plans import load_gated_config
 
     config = load_gated_config(ckpt, moe=True)
     sliding = [i for i, kind in enumerate(config.layer_types) if kind != "full_attention"]
@@ -102,9 +109,7 @@ def load_model(ckpt: Checkpoint):
 def _state_dict(ckpt: Checkpoint) -> dict[str, torch.Tensor]:
     """SRC's tensors in float32 under the model's in-memory names: one tensor per expert on disk (what
     `save_pretrained` writes) stacked into the experts' `gate_up_proj [E, 2I, H]` and `down_proj [E, H, I]`."""
-    import re
 
-    import torch
 
     state, experts = {}, {}
     for name in ckpt.tensors:
@@ -127,8 +132,6 @@ def _state_dict(ckpt: Checkpoint) -> dict[str, torch.Tensor]:
 def _flat(model):
     """The model with Optimum's decoder signature: flat tensors in (ids, mask, positions, the past keys and values
     layer by layer), flat tensors out (logits, then the present keys and values)."""
-    import torch
-    from transformers.cache_utils import DynamicCache
 
     class Flat(torch.nn.Module):
         def __init__(self):
@@ -151,7 +154,6 @@ def _flat(model):
 
 def _example(config) -> tuple:
     """Inputs to trace with: 2 sequences of 3 new tokens after 4 cached ones (every axis that varies above 1)."""
-    import torch
 
     batch, new, past = 2, 3, 4
     ids = torch.randint(0, config.vocab_size, (batch, new), generator=torch.Generator().manual_seed(0))
@@ -166,11 +168,8 @@ def write(ckpt: Checkpoint, folder: Path) -> tuple[int, str]:
     """`gated-qwen convert SRC DST --to onnx` (`Format.write_folder`): `model.onnx` traced from SRC's model and
     SRC's config.json into `folder`, the graph's inputs and outputs checked by ONNX Runtime; returns the vocabulary
     size and the line that reports it."""
-    import warnings
 
-    import torch
 
-    from ...files import write_json
 
     _onnxruntime()
     model = load_model(ckpt)
@@ -215,7 +214,6 @@ def session(folder: Path, file: str = MODEL_FILE):
 
 def check_graph(folder: Path) -> None:
     """The graph holds exactly Optimum's decoder inputs and outputs for the folder's config.json."""
-    import json
 
     config = json.loads((folder / "config.json").read_text())
     layers = config["num_hidden_layers"]
@@ -236,10 +234,8 @@ def empty_past(config: dict, batch: int) -> dict:
 def onnx_logits(folder: Path, input_ids: torch.Tensor) -> torch.Tensor:
     """`input_ids: [B, S]` -> float32 logits `[B, S, vocab]` computed by ONNX Runtime from the folder's graph (no
     past): the `--verify` of `--to onnx`."""
-    import json
 
     import numpy as np
-    import torch
 
     config = json.loads((Path(folder) / "config.json").read_text())
     batch, length = input_ids.shape

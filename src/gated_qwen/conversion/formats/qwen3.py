@@ -15,6 +15,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
+from transformers import Qwen3Config, Qwen3MoeConfig
+
+from ...model.gating import ACTIVATIONS, POSITIONS, gated_layers
 from ..errors import CheckpointFormatError
 from ..format import Context, Format, TensorRule
 from ..shared import MOE_FIELDS, QWEN3_FIELDS, SLIDING_FIELDS, parse_gate
@@ -25,9 +29,7 @@ if TYPE_CHECKING:
 
 
 def _activation(name: str, x: float) -> float:
-    import torch
 
-    from ...model.gating import ACTIVATIONS
 
     return ACTIVATIONS[name](torch.tensor(x, dtype=torch.float64)).item()
 
@@ -47,7 +49,6 @@ def added_gate_init(config) -> tuple[float, str, float]:
     - Additive (`Y + g`): silu and identity add 0; sigmoid and ns_sigmoid add g everywhere, subtracted from the bias
       of the producing projection (v_proj for G1: attention rows sum to 1), so they need `attention_bias=True`.
     Raises `CheckpointFormatError` where no initialisation computes the same function."""
-    from ...model.gating import POSITIONS
 
     activation, combine = config.gate_activation, config.gate_combine
     free = config.gate_bias or not config.gate_input_dependent
@@ -76,7 +77,6 @@ def added_gate_init(config) -> tuple[float, str, float]:
 def added_gate_targets(config) -> dict[str, str]:
     """`{"self_attn.projection.kind": "scale" | "shift"}`: the tensors of a gated layer that `added_gate_init`
     changes."""
-    from ...model.gating import POSITIONS
 
     _, action, _ = added_gate_init(config)
     position = config.gate_position
@@ -120,7 +120,6 @@ def qwen3_config_fields(cfg: dict, gate: dict | None) -> dict:
             f"the folder is in the layout of the paper's released checkpoints ({', '.join(release_keys) or 'use_qk_norm'}"
             " in config.json), not stock Qwen3; read it in the `release` format."
         )
-    from transformers import Qwen3Config
 
     stock = Qwen3Config(**{k: v for k, v in cfg.items() if k not in ("model_type", "architectures", "auto_map")})
     fields = dict({k: getattr(stock, k) for k in QWEN3_FIELDS + SLIDING_FIELDS}, use_qk_norm=True,
@@ -142,7 +141,6 @@ def qwen3_config_fields(cfg: dict, gate: dict | None) -> dict:
 def qwen3_moe_config_fields(cfg: dict, gate: dict | None) -> dict:
     """As `qwen3_config_fields` for a stock Qwen3-MoE config.json, with its experts (a sliding window, when enabled,
     covers every layer there)."""
-    from transformers import Qwen3MoeConfig
 
     stock = Qwen3MoeConfig(**{k: v for k, v in cfg.items() if k not in ("model_type", "architectures", "auto_map")})
     layers = stock.num_hidden_layers
@@ -165,7 +163,6 @@ def add_gate(context: Context, tensor: torch.Tensor, name: str) -> dict[str, tor
     """The tensor `name` of a stock layer, as the layer with an added gate needs it: unchanged outside the gated
     layers (and without a gate), else changed as `added_gate_init` says; with `o_proj.weight` the new gate tensors,
     shaped as the model's."""
-    from ...model.gating import gated_layers
 
     config = context.config
     if config.gate_position is None or context.layer not in gated_layers(config):

@@ -38,8 +38,27 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING
 
+import torch
+from transformers import Qwen3_5TextConfig, Qwen3NextConfig
+
+from ...files import say
+from ...model.configuration_gated import GatedQwenConfig
+from ...model.configuration_gated_moe import GatedQwenMoeConfig
 from ..errors import CheckpointFormatError, ConversionError
 from ..format import Context, ExportOption, Format, TensorRule
+from ..io import TensorPlan
+from ..plans import (
+    FINAL_NORM,
+    LAYER_NORMS,
+    TensorMap,
+    check_g1_sigmoid,
+    copy_rest,
+    g1_gate_rows,
+    load_gated_config,
+    norm_dtype,
+    shifted_norm,
+    zeros,
+)
 from ..shared import MOE_FIELDS, QWEN3_FIELDS, source_dtype
 
 if TYPE_CHECKING:
@@ -50,7 +69,6 @@ if TYPE_CHECKING:
 
 def interleave_heads(queries: torch.Tensor, gates: torch.Tensor, heads: int) -> torch.Tensor:
     """`queries, gates: [H*D, ...]` -> Qwen3.5 `q_proj` rows `[H*2D, ...]`, per head `[q_h | gate_h]`."""
-    import torch
 
     rest = queries.shape[1:]
     return torch.cat([queries.view(heads, -1, *rest), gates.view(heads, -1, *rest)], dim=1).reshape(-1, *rest)
@@ -65,7 +83,6 @@ def split_heads(packed: torch.Tensor, heads: int, part: int) -> torch.Tensor:
 def from_zero_centred(weight: torch.Tensor) -> torch.Tensor:
     """A Qwen3.5 / Qwen3-Next RMSNorm weight `[dim]` (the norm computes `x̂·(1 + w)`) -> GatedQwen's (`x̂·w`):
     `w + 1`, computed in float32 (and kept there for 16-bit weights). `to_zero_centred` is its inverse."""
-    from ..plans import norm_dtype
 
     return (weight.float() + 1).to(norm_dtype(weight.dtype))
 
@@ -86,7 +103,6 @@ def moe_layers(layers: int, num_experts: int, mlp_only_layers: list[int] | None,
 def qwen3_5_config_fields(cfg: dict, gate: dict | None = None) -> dict:
     """GatedQwenConfig fields (G1 elementwise sigmoid gate) of a Qwen3.5 text or Qwen3-Next config.json whose
     layers are all full attention with RoPE on the whole head; Qwen3-Next's experts come along."""
-    from transformers import Qwen3_5TextConfig, Qwen3NextConfig
 
     model_type = cfg.get("model_type")
     if model_type == "qwen3_5":
@@ -182,21 +198,7 @@ O_PROJ_BIAS_REFUSAL = (
 
 def plan_gated_to_qwen3_5(ckpt: Checkpoint, allow_o_proj_bias: bool = False, quiet: bool = False):
     """`quiet`: no warning for an o_proj bias written (a target that computes it, such as mlx-lm)."""
-    from transformers import Qwen3_5TextConfig
 
-    from ...files import say
-    from ..io import TensorPlan
-    from ..plans import (
-        FINAL_NORM,
-        LAYER_NORMS,
-        TensorMap,
-        check_g1_sigmoid,
-        copy_rest,
-        g1_gate_rows,
-        load_gated_config,
-        shifted_norm,
-        zeros,
-    )
 
     config = load_gated_config(ckpt)
     target = "Qwen3.5"
@@ -263,10 +265,7 @@ def _view(ckpt: Checkpoint, config: dict) -> Checkpoint:
 
 
 def plan_gated_to_qwen3_next(ckpt: Checkpoint, allow_o_proj_bias: bool = False):
-    from transformers import Qwen3NextConfig
 
-    from ...model.configuration_gated import GatedQwenConfig, GatedQwenMoeConfig
-    from ..plans import load_gated_config
 
     config = load_gated_config(ckpt, moe=True)
     moe = isinstance(config, GatedQwenMoeConfig)

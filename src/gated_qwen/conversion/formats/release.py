@@ -20,8 +20,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers.activations import ACT2FN
+from transformers.modeling_utils import remove_tied_weights_from_state_dict
+from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+
 from ..errors import CheckpointFormatError, ConversionError
 from ..format import Context, Format, TensorRule
+from ..io import TensorPlan
+from ..plans import TensorMap, check_g1_sigmoid, copy_rest, g1_gate_rows, load_gated_config, zeros
 from ..shared import QWEN3_FIELDS, source_dtype
 
 if TYPE_CHECKING:
@@ -90,7 +98,6 @@ def split_release_q_proj(packed: torch.Tensor, kv_heads: int, group_q_rows: int,
 
 def pack_release_q_proj(queries: torch.Tensor, gates: torch.Tensor, kv_heads: int) -> torch.Tensor:
     """The inverse of `split_release_q_proj`: `queries [H*D, ...]`, `gates [H*W, ...]` -> `[K * (G*D + G*W), ...]`."""
-    import torch
 
     rest = queries.shape[1:]
     return torch.cat([queries.view(kv_heads, -1, *rest), gates.view(kv_heads, -1, *rest)], dim=1).reshape(-1, *rest)
@@ -163,9 +170,6 @@ def release_tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     """`{name: shape}` of the weights a release checkpoint with this config.json holds: stock Qwen3's (built on the
     meta device, biases on q, k, v and o with `qkv_bias`), `q_proj` with the gate rows of its variant, and no
     q/k norms with `use_qk_norm=false`."""
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-    from transformers.modeling_utils import remove_tied_weights_from_state_dict
 
     fields = release_config_fields(config)
     shapes = {k: fields[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -184,8 +188,6 @@ def release_tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
 
 # ------------------------------------------------------------------------------------------------------ export
 def plan_gated_to_release(ckpt: Checkpoint) -> tuple[dict, dict[str, TensorPlan]]:
-    from ..io import TensorPlan
-    from ..plans import TensorMap, check_g1_sigmoid, copy_rest, g1_gate_rows, load_gated_config, zeros
 
     config = load_gated_config(ckpt)
     target = "The release format"
@@ -243,10 +245,6 @@ def release_logits(ckpt: Checkpoint, input_ids: torch.Tensor) -> torch.Tensor:
 
     `input_ids: [B, S]` -> `[B, S, vocab]`. Eager causal attention, no padding, default or scaled RoPE.
     """
-    import torch
-    from transformers import Qwen3Config
-    from transformers.activations import ACT2FN
-    from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
     cfg = {**RELEASE_DEFAULTS, **ckpt.config}
     variant = release_variant(cfg)
