@@ -70,6 +70,25 @@ def test_default_lora_targets_of_the_mixture_of_experts_are_the_attention_and_th
     assert adapted_modules(model) == {(i, p) for i in range(TINY["num_hidden_layers"]) for p in [*qwen3, "g_proj"]}
 
 
+def test_the_defaults_hold_when_peft_is_imported_after_the_package():
+    """`import gated_qwen` first, PEFT after, in a fresh process (in this one the order is whatever came first): a LoRA
+    without `target_modules` still wraps Qwen3's targets and the gate."""
+    code = (
+        "import sys\n"
+        "assert 'peft' not in sys.modules\n"  # the order under test
+        "import gated_qwen\n"
+        "from peft import LoraConfig, get_peft_model\n"
+        "from peft.tuners.lora import LoraLayer\n"
+        "from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as targets\n"
+        f"model = gated_qwen.GatedQwenForCausalLM(gated_qwen.GatedQwenConfig(**{TINY!r}))\n"
+        "model = get_peft_model(model, LoraConfig(task_type='CAUSAL_LM'))\n"
+        "wrapped = {name.rsplit('.', 1)[1] for name, module in model.named_modules() if isinstance(module, LoraLayer)}\n"
+        "assert wrapped == {*targets['qwen3'], 'g_proj'}, wrapped\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr
+
+
 def test_gated_qwen_imports_without_peft():
     code = (
         "import sys; sys.modules['peft'] = None\n"  # `import peft` now raises ImportError

@@ -8,19 +8,13 @@
 - `cli`, `commands`, `inputs`, `memory`, `report`, `plots`: `gated-qwen analyze` and `gated-qwen eval-ppl` (and the
   parser of `reproduce`).
 - `miniature`: the paper in miniature: built-in corpora, presets, runs, directions, statistics, the report.
-
-The names below are imported on first use, so that the command line can load `cli` without the model stack.
 """
-from . import measure, perplexity, quantize
-from .miniature import corpora
+
+from .measure import analyze, first_token_attention
+from .miniature.corpora import BigramBackcopy, KeyValueRecall, SyntheticLanguage, TrigramLanguage
+from .perplexity import mean_nll, perplexity_by_length, recall_accuracy, with_yarn
+from .quantize import SCHEMES, fake_quantized, perplexity_under_quantization
 
 __all__ = ["BigramBackcopy", "KeyValueRecall", "SyntheticLanguage", "TrigramLanguage", "analyze",
            "first_token_attention", "mean_nll", "perplexity_by_length", "recall_accuracy", "with_yarn", "SCHEMES",
            "fake_quantized", "perplexity_under_quantization"]
-
-
-def __getattr__(name: str):
-    if name not in __all__:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-    return getattr(next(module for module in (corpora, measure, perplexity, quantize) if hasattr(module, name)), name)

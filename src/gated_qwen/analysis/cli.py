@@ -14,6 +14,7 @@ import math
 
 from .commands import run_analyze, run_eval_ppl
 from .miniature.command import run_reproduce
+from .quantize import SCHEMES
 
 
 def _positive_int(text: str) -> int:
@@ -60,7 +61,7 @@ def _names(text: str) -> list[str]:
 
 def _quant_schemes(text: str) -> list[str]:
     """`--quant`: comma-separated names of `quantize.SCHEMES`, or `all`."""
-    names = ["w8a8-tensor", "w8a8-token", "w4a8", "w4a4"]  # `quantize.SCHEMES`, listed without importing torch
+    names = list(SCHEMES)
     chosen = names if text == "all" else [name.strip() for name in text.split(",")]
     unknown = [name for name in chosen if name not in names]
     if unknown or not chosen:

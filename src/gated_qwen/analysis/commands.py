@@ -2,7 +2,7 @@
 `miniature.command`).
 
 Each command checks its output (`--out` may not be, contain or lie inside MODEL or an input file) and every size
-flag's memory (`memory`) before the slow part, imports the model stack when it runs, and writes through
+flag's memory (`memory`) before the slow part, and writes through
 `gated_qwen.files`: its output appears whole or not at all, and replaces an existing one only with `--overwrite`.
 """
 
@@ -15,6 +15,7 @@ from . import measure
 from .inputs import Inputs, device, load_model
 from .memory import check_fits, check_windows_fit, forward_bytes
 from .perplexity import perplexity_by_length
+from .quantize import perplexity_under_quantization
 from .report import markdown_table, write_analysis
 
 
@@ -38,8 +39,6 @@ def run_analyze(args) -> int:
         result = measure.analyze(model, ids, batch_size=args.batch_size, map_tokens=args.map_tokens,
                                  map_layers=map_layers, progress=ids.numel() >= 8192)
         if args.quant:
-            from .quantize import perplexity_under_quantization
-
             result["quantization"] = perplexity_under_quantization(model, ids, args.quant, args.batch_size)
         meta = {"model": args.model, "data": inputs.description, "sequences": ids.shape[0], "length": ids.shape[1],
                 "seconds": time.perf_counter() - started, "device": str(next(model.parameters()).device)}

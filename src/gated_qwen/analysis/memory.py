@@ -16,8 +16,6 @@ def available_memory(device: str) -> tuple[int, str] | None:
     """(bytes this process can still allocate on `device`, where the number comes from), None where unknown: on a
     GPU what it has free, on the CPU the smaller of the system's available memory and this cgroup's limit."""
     if device.startswith("cuda"):
-        import torch
-
         return torch.cuda.mem_get_info(torch.device(device))[0], f"free on {device}"
     found = []
     try:
@@ -34,7 +32,7 @@ def available_memory(device: str) -> tuple[int, str] | None:
     except (OSError, ValueError):
         pass
     try:  # an address-space cap (`ulimit -v`, resource.setrlimit): what this process has mapped counts against it
-        import resource
+        import resource  # not on Windows
 
         cap = resource.getrlimit(resource.RLIMIT_AS)[0]
         if cap != resource.RLIM_INFINITY:
