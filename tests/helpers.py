@@ -42,8 +42,8 @@ def sizes(base: dict = TINY, **overrides) -> dict:
 
 def gate_variants() -> dict[str, dict]:
     """Every gate the registry (`gated_qwen.model.gating`) defines, as the GatedQwenConfig fields of each, by name:
-    each position (G1...G5) at each granularity it has (G5 has no heads), shared across heads and added (SiLU, the
-    paper's additive form) at each position with heads; at G1 each activation both multiplied and added, shared and
+    each position (G1...G5) at each granularity it has (G5 has no heads), shared across heads where it has heads,
+    and added (SiLU, the paper's additive form); at G1 each activation both multiplied and added, shared and
     headwise, input-independent, with a bias; each non-gate control (`sdpa_output_transform`); no gate. A new entry
     of the registry is a new variant here."""
     from gated_qwen.model.gating import (
