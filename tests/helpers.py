@@ -191,21 +191,22 @@ def assert_nothing_written(dst: Path) -> None:
 PROGRESS_BAR = re.compile(r"^[^:]*: *\d+%\|.*\| *[\d.?]+[kMG]?/[\d.?]+[kMG]? \[.*\]$")
 
 
-def refusal_line(code: int, err: str, message: str, status: int = 2) -> str:
+def refusal_line(code: int, err: str, message: str, status: int = 2, bars: bool = False) -> str:
     """Asserts that a command that ended with exit status `code` and wrote `err` to stderr refused as every bad input
-    is refused: status `status` (2), and stderr one line `gated-qwen: error: ...` that contains `message` (before it
-    only progress bars), never "unexpected", never a traceback. Returns the line."""
+    is refused: status `status` (2), and stderr one line `gated-qwen: error: ...` that contains `message` (with
+    `bars`, after progress bars drawn while loading), never "unexpected", never a traceback. Returns the line."""
     assert code == status and err.endswith("\n"), (code, err)
-    *bars, line = [part for part in err.replace("\r", "\n").split("\n") if part.strip()]
+    *before, line = [part for part in err.replace("\r", "\n").split("\n") if part.strip()]
     assert line.startswith("gated-qwen: error: ") and message in line, err
-    assert all(PROGRESS_BAR.match(bar) and "error" not in bar.lower() for bar in bars), err
+    assert all(PROGRESS_BAR.match(bar) and "error" not in bar.lower() for bar in before) if bars else not before, err
     assert "unexpected" not in err and "Traceback" not in err, err
     return line
 
 
-def assert_refused(capsys, args: list[str], message: str, nothing_at: Path | None = None, status: int = 2) -> str:
-    """`gated-qwen ARGS` (in this process) refuses with `message` in one line (`refusal_line`), and, given
-    `nothing_at`, leaves nothing there (`assert_nothing_written`). Returns the line."""
+def assert_refused(capsys, args: list[str], message: str, nothing_at: Path | None = None, status: int = 2,
+                   bars: bool = False) -> str:
+    """`gated-qwen ARGS` (in this process) refuses with `message` in one line (`refusal_line`, `bars` there), and,
+    given `nothing_at`, leaves nothing there (`assert_nothing_written`). Returns the line."""
     from gated_qwen.cli import main
 
     capsys.readouterr()
@@ -213,7 +214,7 @@ def assert_refused(capsys, args: list[str], message: str, nothing_at: Path | Non
         code = main(args)
     except SystemExit as done:  # argparse's refusals
         code = done.code
-    line = refusal_line(code, capsys.readouterr().err, message, status)
+    line = refusal_line(code, capsys.readouterr().err, message, status, bars)
     if nothing_at is not None:
         assert_nothing_written(nothing_at)
     return line

@@ -158,7 +158,7 @@ def test_tokens_files_without_rows_or_integers_are_refused(model64, tmp_path, ca
                                ("floats", torch.rand(2, 16), "must hold a 2-D integer tensor `input_ids` [N, S]")):
         save_file({"input_ids": ids}, tmp_path / f"{name}.safetensors")
         assert_refused(capsys, ["eval-ppl", str(model64), "--lengths", "8", "--tokens",
-                                  str(tmp_path / f"{name}.safetensors")], message)
+                                  str(tmp_path / f"{name}.safetensors")], message, bars=True)
 
 
 def test_lengths_that_do_not_fit_in_memory_are_refused_before_allocating(model64, tmp_path, capsys):
@@ -169,17 +169,17 @@ def test_lengths_that_do_not_fit_in_memory_are_refused_before_allocating(model64
     from gated_qwen.analysis.memory import available_memory
 
     err = assert_refused(capsys, ["analyze", str(model64), "--length", str(10**9), "--out", str(tmp_path / "a")],
-                           f"--length {10**9} needs about")
+                           f"--length {10**9} needs about", bars=True)
     limit = int(re.search(r"the most that fits is about --length (\d+)", err)[1])
     assert 2 <= limit < 10**9 and f"GiB available ({available_memory('cpu')[1]} on this machine)" in err
     err = assert_refused(capsys, ["analyze", str(model64), "--length", str(10**9), "--quant", "w4a4", "--out",
-                                    str(tmp_path / "a")], "sequence(s) and its logits (--quant)")
+                                    str(tmp_path / "a")], "sequence(s) and its logits (--quant)", bars=True)
     assert int(re.search(r"the most that fits is about --length (\d+)", err)[1]) < 0.9 * limit  # the logits too
     assert_refused(capsys, ["eval-ppl", str(model64), "--lengths", "8", str(10**8)],
-                     f"--lengths {10**8} needs about")
+                     f"--lengths {10**8} needs about", bars=True)
     for command in (["eval-ppl", str(model64), "--lengths", "8"], ["analyze", str(model64), "--length", "8", "--out",
                                                                      str(tmp_path / "a")]):
-        err = assert_refused(capsys, [*command, "--sequences", str(10**11)], f"--sequences {10**11} needs about")
+        err = assert_refused(capsys, [*command, "--sequences", str(10**11)], f"--sequences {10**11} needs about", bars=True)
         assert "for the held-out windows of 8 tokens" in err  # refused at once: sampling them alone takes hours
     save_file({"input_ids": torch.zeros(2, 8, dtype=torch.long)}, tmp_path / "two.safetensors")  # a file's rows: all
     assert main(["eval-ppl", str(model64), "--lengths", "8", "--sequences", str(10**11), "--tokens",
@@ -397,7 +397,7 @@ def test_every_bad_input_file_is_one_line_naming_it(model64, tmp_path, capsys, c
     (tmp_path / "text.txt").write_text("a a a a " * 50)
     args = [str(model64) if a == "MODEL" else str(tmp_path / "out") if a == "OUT" else
             str(tmp_path / "text.txt") if a == "TEXT" else a.replace("MODEL", str(model64)) for a in args]
-    assert_refused(capsys, args, message.format(m=model64))
+    assert_refused(capsys, args, message.format(m=model64), bars=True)
     assert not (tmp_path / "out").exists()
 
 

@@ -49,5 +49,5 @@ def test_analyze_without_matplotlib_is_refused_naming_the_extra(tmp_path, capsys
     save_file({"input_ids": torch.randint(0, TINY["vocab_size"], (2, 11))}, tmp_path / "ids.safetensors")
     line = assert_refused(capsys, ["analyze", str(src), "--tokens", str(tmp_path / "ids.safetensors"), "--length", "11",
                                 "--sequences", "2", "--out", str(tmp_path / "report")], "which is not installed",
-                       tmp_path / "report")
+                       tmp_path / "report", bars=True)
     assert "pip install 'gated-qwen[analysis]'" in line and "please report" not in line, line

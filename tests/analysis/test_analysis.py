@@ -891,7 +891,7 @@ def test_commands_refuse_bad_input_in_one_line_and_write_nothing(tmp_path, capsy
     assert _quant_schemes("all") == list(SCHEMES) and _quant_schemes("w4a4, w4a4,w4a8") == ["w4a4", "w4a8"]
     for args, message in cases:
         assert_refused(capsys, [*args, *(["--out", str(tmp_path / "out")] if args[0] == "analyze"
-                                         else ["--out", str(tmp_path / "out" / "rows.json")])], message)
+                                         else ["--out", str(tmp_path / "out" / "rows.json")])], message, bars=True)
         assert sorted(p.name for p in tmp_path.rglob("*")) == before  # no output, no staging folder, no parent
 
 

@@ -193,7 +193,7 @@ def test_disk_full_removes_the_partial_output_and_keeps_the_old_one(qwen3_source
     src, dst = qwen3_sources[False][0], tmp_path / "dst"
     assert_refused(capsys, ["convert", str(src), str(dst), "--from", "qwen3"],
                 f"No space left on the device that holds {str(tmp_path)!r} while writing DST {str(dst)!r}; the "
-                "partial output", dst)
+                "partial output", dst, bars=True)
     dst.mkdir()
     (dst / "old.txt").write_text("old")
     assert main(["convert", str(src), str(dst), "--from", "qwen3", "--overwrite"]) == 2
@@ -228,13 +228,13 @@ def test_non_finite_source_is_named_as_such(qwen3_sources, tmp_path, capsys):
     weights["model.norm.weight"][3] = float("inf")
     save_file(weights, src / "model.safetensors", metadata={"format": "pt"})
     assert_refused(capsys, ["convert", str(src), str(tmp_path / "dst"), "--from", "qwen3"],
-                "the source produces non-finite logits", tmp_path / "dst")
+                "the source produces non-finite logits", tmp_path / "dst", bars=True)
 
 
 def test_verification_failure_exits_with_1(qwen3_sources, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(qwen3_module, "added_gate_init", lambda config: (0.0, "none", 1.0))
     assert_refused(capsys, ["convert", str(qwen3_sources[False][0]), str(tmp_path / "dst"), "--from", "qwen3",
-                         "--add-gate", "elementwise"], "verification failed", tmp_path / "dst", status=1)
+                         "--add-gate", "elementwise"], "verification failed", tmp_path / "dst", status=1, bars=True)
 
 
 # `--verify`'s tolerance as docs/conversion.md states it: max |logit difference| <= 1e-3 x max(1, max |logit|).
@@ -270,7 +270,7 @@ def test_verify_holds_a_small_real_error_to_the_documented_tolerance(qwen3_sourc
         assert f"verified: logits agree to {eps:.2g}" in capsys.readouterr().err
         assert (dst / "config.json").exists()
     else:
-        line = assert_refused(capsys, args, "verification failed", dst, status=1)
+        line = assert_refused(capsys, args, "verification failed", dst, status=1, bars=True)
         assert f"differ from the source's by {eps:.3g}" in line and "the tolerance is 0.001" in line
 
 
@@ -349,7 +349,7 @@ def test_written_files_and_config_are_checked(qwen3_sources, tmp_path, capsys, m
     with monkeypatch.context() as patch:
         patch.setattr(io, "write_json", index_without_an_entry)
         assert_refused(capsys, ["convert", str(src), str(dst), "--from", "qwen3", "--no-verify"],
-                    "the written weights differ from the plan at model.layers.0.mlp.up_proj.weight", dst)
+                    "the written weights differ from the plan at model.layers.0.mlp.up_proj.weight", dst, bars=True)
     write_config = conversion._write_config
 
     def config_without_vocab_size(config, folder, result):
@@ -360,7 +360,7 @@ def test_written_files_and_config_are_checked(qwen3_sources, tmp_path, capsys, m
 
     monkeypatch.setattr(conversion, "_write_config", config_without_vocab_size)
     assert_refused(capsys, ["convert", str(src), str(dst), "--from", "qwen3", "--no-verify"],
-                f"model.embed_tokens.weight is [{VOCAB}, 32] where the config implies [151936, 32]", dst)
+                f"model.embed_tokens.weight is [{VOCAB}, 32] where the config implies [151936, 32]", dst, bars=True)
 
 
 # ------------------------------------------------------------------------- what convert reads and carries from SRC

@@ -174,7 +174,8 @@ def test_what_a_trace_cannot_keep_is_refused(tmp_path, capsys, case):
     traced with (ONNX Runtime fails, or computes another model, on others): refused in one line, nothing written."""
     fields, message = REFUSED[case]
     folder = build(tmp_path / "gated", fields)
-    assert_refused(capsys, ["convert", str(folder), str(tmp_path / "onnx"), "--to", "onnx"], message, tmp_path / "onnx")
+    assert_refused(capsys, ["convert", str(folder), str(tmp_path / "onnx"), "--to", "onnx"], message, tmp_path / "onnx",
+                   bars=True)
 
 
 # ORTModelForCausalLM takes the head size as hidden_size / num_attention_heads (run_optimum.py): models where it is.
