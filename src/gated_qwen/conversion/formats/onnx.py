@@ -34,8 +34,8 @@ from ...model.configuration_gated_moe import GatedQwenMoeConfig
 from ...model.modeling_gated import GatedQwenForCausalLM
 from ...model.modeling_gated_moe import GatedQwenMoeForCausalLM
 from ..errors import ConversionError, import_extra
+from ..export_steps import load_gated_config
 from ..format import Format
-from ..plans import load_gated_config
 
 if TYPE_CHECKING:
     import torch
