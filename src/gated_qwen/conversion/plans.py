@@ -4,7 +4,7 @@ TensorPlan}` that `io.write_weights` computes shard by shard.
 An import plan (`plan_import`) applies the format's tensor rules to the source's tensors: each output's shape and
 dtype come from running its rule on a `meta` tensor (no data read), its value from running the same rule on the real
 tensor when its shard is written; tensors no rule names pass through. An export is planned by the format itself
-(`Format.export`) from the steps of `export_steps.py`, on a `TensorMap` (below) that `copy_rest` completes.
+(its `FolderWriting.plan`) from the steps of `export_steps.py`, on a `TensorMap` (below) that `copy_rest` completes.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ def plan_import(fmt: Format, ckpt: Checkpoint, config) -> dict[str, TensorPlan]:
     shard = Shard(config.num_attention_heads, config.num_key_value_heads)
     tmap = TensorMap(ckpt)
     for name in ckpt.tensors:
-        rule = rule_for(fmt.rules, name)
-        if name.startswith(fmt.ignored):
+        rule = rule_for(fmt.reading.rules, name)
+        if name.startswith(fmt.reading.ignored):
             tmap.drop(name)
         elif rule is not None:
             prefix = name.removesuffix(rule.source)

@@ -50,7 +50,7 @@ from ..export_steps import (
     stacked_experts,
     zero_biases,
 )
-from ..format import Format
+from ..format import FileWriting, Format
 from ..io import TensorPlan, carry_files
 from ..plans import TensorMap, copy_rest
 
@@ -466,7 +466,7 @@ def gguf_logits(path: Path, input_ids: torch.Tensor) -> torch.Tensor:
 
 
 def write(ckpt: Checkpoint, path: Path) -> tuple[int, str]:
-    """`gated-qwen convert SRC DST.gguf --to gguf` (`Format.write_file`): the GGUF of the gated_qwen checkpoint
+    """`gated-qwen convert SRC DST.gguf --to gguf` (`FileWriting.write`): the GGUF of the gated_qwen checkpoint
     `ckpt` written to `path` and read back (exactly the planned tensors); returns its vocabulary size and the line
     that reports it."""
     _gguf()
@@ -480,5 +480,5 @@ def write(ckpt: Checkpoint, path: Path) -> tuple[int, str]:
 
 GGUF = Format(
     "gguf", "one GGUF file for llama.cpp (Qwen3.5 architecture; Qwen3-Next for the mixture of experts), G1 sigmoid "
-    "gates, plus one zero Gated DeltaNet layer llama.cpp needs (docs/local.md)", reads=(), write_file=write,
-    file_logits=gguf_logits)
+    "gates, plus one zero Gated DeltaNet layer llama.cpp needs (docs/local.md)",
+    writing=FileWriting(write, gguf_logits))

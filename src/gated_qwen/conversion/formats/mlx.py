@@ -53,7 +53,7 @@ from ..export_steps import (
     zero_biases,
     zeros,
 )
-from ..format import Format
+from ..format import FolderWriting, Format, OwnModel
 from ..plans import TensorMap, copy_rest
 
 if TYPE_CHECKING:
@@ -136,7 +136,7 @@ def mlx_config(config, moe: bool) -> dict:
 
 
 def model_file(config: dict) -> dict[str, str]:
-    """`{MODEL_FILE: its code}` for the folder's config.json (`Format.files`)."""
+    """`{MODEL_FILE: its code}` for the folder's config.json (`FolderWriting.files`)."""
     title, text_model = (("Qwen3.5 text model", "language_model.model") if config["model_type"] == DENSE
                          else ("Qwen3-Next", "model"))
     return {MODEL_FILE: MODEL_CODE.format(title=title, module=config["model_type"], text_model=text_model)}
@@ -286,5 +286,5 @@ def mlx_logits(ckpt: Checkpoint, input_ids: torch.Tensor) -> torch.Tensor:
 
 MLX = Format(
     "mlx", "a folder for mlx-lm (and LM Studio's MLX engine): its Qwen3.5 (Qwen3-Next for the mixture of experts), "
-    "every layer full attention, G1 sigmoid gates (docs/local.md)", reads=(), export=plan_gated_to_mlx,
-    files=model_file, tensor_shapes=mlx_tensor_shapes, logits=mlx_logits)
+    "every layer full attention, G1 sigmoid gates (docs/local.md)",
+    writing=FolderWriting(plan_gated_to_mlx, files=model_file), model=OwnModel(mlx_tensor_shapes, mlx_logits))

@@ -53,7 +53,7 @@ from ..export_steps import (
     norms,
     zero_biases,
 )
-from ..format import Context, ExportOption, Format, TensorRule
+from ..format import Context, ExportOption, FolderWriting, Format, Reading, TensorRule
 from ..plans import TensorMap, copy_rest
 from ..shared import MOE_FIELDS, QWEN3_FIELDS, source_dtype
 
@@ -260,11 +260,13 @@ def plan_gated_to_qwen3_next(ckpt: Checkpoint, allow_o_proj_bias: bool = False):
 
 QWEN3_5 = Format(
     "qwen3_5", "Transformers' Qwen3.5 text model (and dense Qwen3-Next), every layer full attention",
-    reads=("qwen3_5_text", "qwen3_next", "qwen3_5"), detect=lambda config: config.get("model_type") != "qwen3_next",
-    config_fields=dense_config_fields, check=check_q_proj_rows, rules=QWEN3_5_RULES, ignored=("mtp.",),
-    export=plan_gated_to_qwen3_5, export_options=(ALLOW_O_PROJ_BIAS,))
+    reading=Reading(("qwen3_5_text", "qwen3_next", "qwen3_5"), dense_config_fields,
+                    detect=lambda config: config.get("model_type") != "qwen3_next", check=check_q_proj_rows,
+                    rules=QWEN3_5_RULES, ignored=("mtp.",)),
+    writing=FolderWriting(plan_gated_to_qwen3_5, options=(ALLOW_O_PROJ_BIAS,)))
 # from_pretrained reads every Qwen3-Next folder in this format, dense or not (QWEN3_5 leaves them to it).
 QWEN3_NEXT = Format(
-    "qwen3_next", "Qwen3-Next, every layer full attention, dense or mixture-of-experts", reads=("qwen3_next",),
-    config_fields=qwen3_5_config_fields, check=check_q_proj_rows, rules=QWEN3_5_RULES, ignored=("mtp.",),
-    export=plan_gated_to_qwen3_next, export_options=(ALLOW_O_PROJ_BIAS,))
+    "qwen3_next", "Qwen3-Next, every layer full attention, dense or mixture-of-experts",
+    reading=Reading(("qwen3_next",), qwen3_5_config_fields, check=check_q_proj_rows, rules=QWEN3_5_RULES,
+                    ignored=("mtp.",)),
+    writing=FolderWriting(plan_gated_to_qwen3_next, options=(ALLOW_O_PROJ_BIAS,)))

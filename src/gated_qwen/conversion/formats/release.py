@@ -28,7 +28,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
 from ..errors import CheckpointFormatError, ConversionError
 from ..export_steps import check_g1_sigmoid, exported_bias, gate_rows_into_q_proj, load_gated_config, zero_biases
-from ..format import Context, Format, TensorRule
+from ..format import Context, FolderWriting, Format, OwnModel, Reading, TensorRule
 from ..plans import TensorMap, copy_rest
 from ..shared import QWEN3_FIELDS, source_dtype
 
@@ -278,6 +278,6 @@ def release_logits(ckpt: Checkpoint, input_ids: torch.Tensor) -> torch.Tensor:
 
 
 RELEASE = Format(
-    "release", "the paper's released checkpoints (QwQZh/gated_attention); byte-identical round trip", reads=("qwen3",),
-    detect=is_release, config_fields=release_config_fields, check=check_release, rules=RELEASE_RULES,
-    export=plan_gated_to_release, tensor_shapes=release_tensor_shapes, logits=release_logits)
+    "release", "the paper's released checkpoints (QwQZh/gated_attention); byte-identical round trip",
+    reading=Reading(("qwen3",), release_config_fields, detect=is_release, check=check_release, rules=RELEASE_RULES),
+    writing=FolderWriting(plan_gated_to_release), model=OwnModel(release_tensor_shapes, release_logits))
