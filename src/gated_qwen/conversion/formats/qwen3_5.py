@@ -190,7 +190,7 @@ def check_o_proj_bias(config, allow_o_proj_bias: bool) -> None:
             "this export exactly; vLLM drops that bias and computes something else.")
 
 
-def plan_attention(ckpt: Checkpoint, config) -> dict:
+def qwen3_5_tensors(ckpt: Checkpoint, config) -> dict:
     """The tensors of a Qwen3.5 / Qwen3-Next folder: per layer the G1 gate rows interleaved into `q_proj` per head,
     zero k/v/o biases where only the gate has one, the norms zero-centred; the rest (the MLP or the experts, which
     have the same names and layout) as they are."""
@@ -218,7 +218,7 @@ def attention_fields(config) -> dict:
     return fields
 
 
-def stock(cls, fields: dict, architecture: str, ckpt: Checkpoint):
+def stock_config(cls, fields: dict, architecture: str, ckpt: Checkpoint):
     """The Transformers config `cls(**fields)` as the folder's config.json: `architectures`, `dtype` and, with a
     bias, `qkv_bias` (where vLLM reads the q/k/v bias flag; Transformers reads `attention_bias`)."""
     out = cls(**fields)
@@ -234,8 +234,8 @@ def plan_gated_to_qwen3_5(ckpt: Checkpoint, allow_o_proj_bias: bool = False):
     config = load_gated_config(ckpt)
     check_qwen3_5_attention(config)
     check_o_proj_bias(config, allow_o_proj_bias)
-    plan = plan_attention(ckpt, config)
-    return stock(Qwen3_5TextConfig, attention_fields(config), "Qwen3_5ForCausalLM", ckpt), plan
+    plan = qwen3_5_tensors(ckpt, config)
+    return stock_config(Qwen3_5TextConfig, attention_fields(config), "Qwen3_5ForCausalLM", ckpt), plan
 
 
 def plan_gated_to_qwen3_next(ckpt: Checkpoint, allow_o_proj_bias: bool = False):
@@ -251,11 +251,11 @@ def plan_gated_to_qwen3_next(ckpt: Checkpoint, allow_o_proj_bias: bool = False):
     check_shared_expert(config)
     check_qwen3_5_attention(config)
     check_o_proj_bias(config, allow_o_proj_bias)
-    plan = plan_attention(ckpt, config)
+    plan = qwen3_5_tensors(ckpt, config)
     fields = attention_fields(config)
     fields.update({k: getattr(config, k) for k in (*MOE_FIELDS, "shared_expert_intermediate_size")},
                   mlp_only_layers=config.mlp_only_layers or [])
-    return stock(Qwen3NextConfig, fields, "Qwen3NextForCausalLM", ckpt), plan
+    return stock_config(Qwen3NextConfig, fields, "Qwen3NextForCausalLM", ckpt), plan
 
 
 QWEN3_5 = Format(
