@@ -294,11 +294,11 @@ def _patched_export(monkeypatch, name, edit):
     fmt = FORMATS[name]
 
     def export(ckpt, **options):
-        config, plan = fmt.export(ckpt, **options)
+        config, plan = fmt.writing.plan(ckpt, **options)
         edit(plan)
         return config, plan
 
-    monkeypatch.setitem(FORMATS, name, dataclasses.replace(fmt, export=export))
+    monkeypatch.setitem(FORMATS, name, dataclasses.replace(fmt, writing=dataclasses.replace(fmt.writing, plan=export)))
 
 
 STRUCTURE_FAULTS = {  # what the fault does to the plan -> the message

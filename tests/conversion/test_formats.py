@@ -35,17 +35,17 @@ def test_every_format_is_listed_wherever_formats_are_listed():
 
 
 def with_an_option(monkeypatch, option: ExportOption) -> list[dict]:
-    """`--to qwen3_5` with `option` added to its export options (one edit: the Format), its export recording the
+    """`--to qwen3_5` with `option` added to its export options (one edit: the Format's writing), its export recording the
     options it is given; returns that record."""
     received = []
     fmt = FORMATS["qwen3_5"]
 
     def export(checkpoint, **options):
         received.append(options)
-        return fmt.export(checkpoint, **{k: v for k, v in options.items() if k != option.name})
+        return fmt.writing.plan(checkpoint, **{k: v for k, v in options.items() if k != option.name})
 
-    monkeypatch.setitem(FORMATS, "qwen3_5", dataclasses.replace(
-        fmt, export=export, export_options=(*fmt.export_options, option)))
+    monkeypatch.setitem(FORMATS, "qwen3_5", dataclasses.replace(fmt, writing=dataclasses.replace(
+        fmt.writing, plan=export, options=(*fmt.writing.options, option))))
     return received
 
 
