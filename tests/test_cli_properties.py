@@ -21,14 +21,17 @@ from unittest import mock
 import pytest
 import torch
 from helpers import PROGRESS_BAR, TINY
-from hypothesis import HealthCheck, event, example, given, settings
-from hypothesis import strategies as st
-from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
-from gated_qwen.analysis.miniature import corpora, presets, runs
-from gated_qwen.cli import main
-from gated_qwen.conversion.formats import TO_FORMATS
+pytest.importorskip("hypothesis", reason="needs the dev extra: pip install 'gated-qwen[dev]'")
+
+from hypothesis import HealthCheck, event, example, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
+
+from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM  # noqa: E402
+from gated_qwen.analysis.miniature import corpora, presets, runs  # noqa: E402
+from gated_qwen.cli import main  # noqa: E402
+from gated_qwen.conversion.formats import TO_FORMATS  # noqa: E402
 
 EXPLORE = os.environ.get("EXPLORE")
 TRAIN = bool(os.environ.get("EXPLORE_TRAINING"))
