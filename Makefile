@@ -36,6 +36,10 @@ $(STAMP): $(LOCK) pyproject.toml Makefile
 test: $(STAMP)
 	$(call PYTEST,$(VENV)) -m "not slow and not compat"
 
+## test-order        each test file alone, then all in reverse order (FILES=PATH: its)
+test-order: $(STAMP)
+	bash tests/order.sh $(PY) $(FILES)
+
 ## test-slow         the tests marked slow
 test-slow: $(STAMP)
 	$(call PYTEST,$(VENV)) -m "slow and not compat"
@@ -188,5 +192,4 @@ lock lock-serving lock-distributed:
 
 ## clean             removes environments and builds
 clean:
-	rm -rf $(VENV) $(LATEST) .venv-tools .venv-serving .venv-compat .venv-distributed $(LL) .venv-mlx .venv-onnx \
-		.venv-optimum tests/engine_onnx/js/node_modules $(DW) build src/*.egg-info .pytest_cache .hypothesis
+	rm -rf .venv* $(dir $(JS)) $(DW) build src/*.egg-info .pytest_cache .hypothesis

@@ -40,7 +40,9 @@ def _point_caches_at(root: Path) -> dict[str, str]:
 # The user's real cache, as huggingface_hub would find it without the variables below.
 USER_HF_CACHE = Path(os.environ.get("HF_HOME") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
                      / "huggingface")
-_PROCESS_CACHES = Path(tempfile.mkdtemp(prefix="gated-qwen-tests-"))
+# Not named `gated-qwen-*`: the command's scratch cleaner (files/scratch.py) removes such folders while they are empty,
+# and says so on stderr, under any test process's command.
+_PROCESS_CACHES = Path(tempfile.mkdtemp(prefix="hf-caches-of-tests-"))
 atexit.register(shutil.rmtree, _PROCESS_CACHES, ignore_errors=True)
 os.environ.update(_point_caches_at(_PROCESS_CACHES))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -1,13 +1,16 @@
-"""Helpers shared by the test modules (importable because pytest puts tests/ on sys.path): the tiny model sizes,
-the weight randomiser, the spy on the fused kernel's launches, private namespaces, and the checks of what a command
-writes (`tree`, `refused`, `cli_runs_in_namespace`, `one_line`). Test files take a size from here and override only
-what their check is about."""
+"""The tests' fixtures (importable as `helpers`: pyproject.toml puts tests/ on pytest's path, and a page's examples
+run with tests/ first on sys.path): the tiny model sizes, every gate variant (generated from the gate's registry),
+the weight randomiser, the spy on the fused kernel's launches, private namespaces, the checks of what a command writes
+(`tree`, `assert_nothing_written`) and of how it refuses (`assert_refused`, `refusal_line`), and the tiny folders
+(with a tokenizer) that the pages' hidden blocks and the engine tests build. Test files take a size from here and
+override only what their check is about."""
 
 import contextlib
 import dataclasses
 import functools
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -18,6 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 
+ROOT = Path(__file__).resolve().parents[1]
+
 # The smallest shape that still has GQA (2 query heads per kv head) and more than one layer.
 TINY = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=8, max_position_embeddings=128)
@@ -26,11 +31,47 @@ SMALL = dict(TINY, hidden_size=64, intermediate_size=96, head_dim=16, max_positi
              tie_word_embeddings=False)
 # What a tiny mixture-of-experts config adds.
 TINY_MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
+# TINY with the vocabulary of the tiny tokenizer (`tiny_tokenizer`) and room for the pages' longer texts.
+TINY_TOKENIZED = dict(TINY, vocab_size=320, max_position_embeddings=512)
 
 
 def sizes(base: dict = TINY, **overrides) -> dict:
     """`base` with `overrides` applied: the keyword arguments of a tiny config."""
     return {**base, **overrides}
+
+
+def gate_variants() -> dict[str, dict]:
+    """Every gate the registry (`gated_qwen.model.gating`) defines, as the GatedQwenConfig fields of each, by name:
+    each position (G1...G5) at each granularity it has (G5 has no heads), shared across heads where it has heads,
+    and added (SiLU, the paper's additive form); at G1 each activation both multiplied and added, shared and
+    headwise, input-independent, with a bias; each non-gate control (`sdpa_output_transform`); no gate. A new entry
+    of the registry is a new variant here."""
+    from gated_qwen.model.gating import (
+        ACTIVATIONS,
+        COMBINES,
+        DEFAULTS,
+        GRANULARITIES,
+        POSITIONS,
+        SDPA_OUTPUT_TRANSFORMS,
+    )
+
+    variants = {}
+    for name, position in POSITIONS.items():
+        if position.heads:
+            for granularity in GRANULARITIES:
+                variants[f"{position.paper}-{granularity}"] = dict(gate_position=name, gate_granularity=granularity)
+            variants[f"{position.paper}-shared"] = dict(gate_position=name, gate_shared_across_heads=True)
+        else:
+            variants[position.paper] = dict(gate_position=name)
+        variants[f"{position.paper}-add-silu"] = dict(gate_position=name, gate_combine="add", gate_activation="silu")
+    for combine in COMBINES:
+        for activation in ACTIVATIONS:
+            if (combine, activation) != (DEFAULTS["gate_combine"], DEFAULTS["gate_activation"]):  # G1-elementwise
+                variants.setdefault(f"G1-{combine}-{activation}", dict(gate_combine=combine, gate_activation=activation))
+    variants |= {"G1-shared-headwise": dict(gate_shared_across_heads=True, gate_granularity="headwise"),
+                 "G1-input-independent": dict(gate_input_dependent=False), "G1-bias": dict(gate_bias=True)}
+    variants |= {f"control-{t}": dict(gate_position=None, sdpa_output_transform=t) for t in SDPA_OUTPUT_TRANSFORMS}
+    return variants | {"baseline": dict(gate_position=None)}
 
 
 def randomize_(model: torch.nn.Module, seed: int = 0, scale: float = 0.08, norm_center: float = 1.0,
@@ -140,12 +181,43 @@ def tree(root: Path) -> dict[str, bytes | str]:
     return out
 
 
-def refused(capsys, args: list[str], message: str) -> None:
+def assert_nothing_written(dst: Path) -> None:
+    """Nothing at `dst`, and no staging folder (`.NAME.*`) of it beside it."""
+    assert not dst.exists()
+    assert not [p for p in dst.parent.iterdir() if p.name.startswith(f".{dst.name}.")], "temporary folder left behind"
+
+
+# A line that tqdm draws (`Loading weights: 100%|####| 24/24 [00:00<00:00, ...]`).
+PROGRESS_BAR = re.compile(r"^[^:]*: *\d+%\|.*\| *[\d.?]+[kMG]?/[\d.?]+[kMG]? \[.*\]$")
+
+
+def refusal_line(code: int, err: str, message: str, status: int = 2, bars: bool = False) -> str:
+    """Asserts that a command that ended with exit status `code` and wrote `err` to stderr refused as every bad input
+    is refused: status `status` (2), and stderr one line `gated-qwen: error: ...` that contains `message` (with
+    `bars`, after progress bars drawn while loading), never "unexpected", never a traceback. Returns the line."""
+    assert code == status and err.endswith("\n"), (code, err)
+    *before, line = [part for part in err.replace("\r", "\n").split("\n") if part.strip()]
+    assert line.startswith("gated-qwen: error: ") and message in line, err
+    assert all(PROGRESS_BAR.match(bar) and "error" not in bar.lower() for bar in before) if bars else not before, err
+    assert "unexpected" not in err and "Traceback" not in err, err
+    return line
+
+
+def assert_refused(capsys, args: list[str], message: str, nothing_at: Path | None = None, status: int = 2,
+                   bars: bool = False) -> str:
+    """`gated-qwen ARGS` (in this process) refuses with `message` in one line (`refusal_line`, `bars` there), and,
+    given `nothing_at`, leaves nothing there (`assert_nothing_written`). Returns the line."""
     from gated_qwen.cli import main
 
-    assert main(args) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("gated-qwen: error: ") and message in err, err
+    capsys.readouterr()
+    try:
+        code = main(args)
+    except SystemExit as done:  # argparse's refusals
+        code = done.code
+    line = refusal_line(code, capsys.readouterr().err, message, status, bars)
+    if nothing_at is not None:
+        assert_nothing_written(nothing_at)
+    return line
 
 
 CLI_RUNS = """
@@ -173,7 +245,118 @@ def cli_runs_in_namespace(setup: str, runs: list[list[str]]) -> list[dict]:
     return json.loads(result.stdout.splitlines()[-1])
 
 
-def one_line(answer: dict, message: str) -> None:
-    assert answer["code"] == 2, answer
-    assert answer["err"].endswith("\n") and answer["err"].splitlines()[-1].startswith("gated-qwen: error: ")
-    assert message in answer["err"].splitlines()[-1] and "Traceback" not in answer["err"], answer["err"]
+# ------------------------------------------------------------------------ tiny folders, as the pages name them
+# Built offline with public APIs (so they follow the library's formats); a page's hidden `setup` block imports them.
+TEXTS = ["Gated attention removes the attention sink because the gate can close",
+         "a sigmoid gate on the attention output makes it sparse and input dependent",
+         "massive activations shrink when the gate is on, and training is more stable"]
+
+
+def tiny_tokenizer(folder: str | os.PathLike, texts: list[str] = TEXTS, vocab_size: int = TINY_TOKENIZED["vocab_size"]):
+    """A byte-level BPE tokenizer (Qwen's kind) trained on `texts` with the `tokenizers` library, saved in
+    `folder`; its ids are below `vocab_size`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    backend.train_from_iterator(texts, trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|endoftext|>",
+                                        pad_token="<|endoftext|>")
+    assert len(tokenizer) <= vocab_size
+    tokenizer.save_pretrained(folder)
+    return tokenizer
+
+
+def _save(model, folder: str | os.PathLike, tokenizer: bool = True) -> Path:
+    torch.manual_seed(0)
+    model.save_pretrained(folder)
+    if tokenizer:
+        tiny_tokenizer(folder, vocab_size=model.config.vocab_size)
+    return Path(folder)
+
+
+def tiny_gated_folder(folder: str | os.PathLike, **config) -> Path:
+    """A saved random GatedQwenForCausalLM (TINY_TOKENIZED sizes, G1 elementwise unless `config` says otherwise) with a
+    tokenizer."""
+    from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
+
+    return _save(GatedQwenForCausalLM(GatedQwenConfig(**{**TINY_TOKENIZED, **config})), folder)
+
+
+def tiny_release_folder(folder: str | os.PathLike, granularity: str | None = "elementwise") -> Path:
+    """A folder in the layout of the paper's release (`QwQZh/gated_attention`: model_type qwen3, the gate packed in
+    q_proj), as `gated-qwen convert --to release` writes it from a random tiny model; `granularity` None: the
+    baseline."""
+    from gated_qwen.conversion import convert
+
+    with tempfile.TemporaryDirectory() as scratch:
+        gate = {"gate_position": None} if granularity is None else {"gate_granularity": granularity}
+        source = tiny_gated_folder(Path(scratch) / "gated", **gate)
+        Path(folder).parent.mkdir(parents=True, exist_ok=True)
+        convert(source, folder, to_format="release", verify=False)
+    return Path(folder)
+
+
+def tiny_qwen3_folder(folder: str | os.PathLike) -> Path:
+    """A saved random stock Qwen3ForCausalLM (TINY_TOKENIZED sizes) with a tokenizer."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    return _save(Qwen3ForCausalLM(Qwen3Config(**TINY_TOKENIZED)), folder)
+
+
+# The pages' mixture of experts: TINY_MOE with 4 experts.
+PAGE_MOE = dict(TINY_MOE, num_experts=4)
+
+
+def tiny_qwen3_moe_folder(folder: str | os.PathLike) -> Path:
+    """A saved random stock Qwen3MoeForCausalLM with a tokenizer."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    return _save(Qwen3MoeForCausalLM(Qwen3MoeConfig(**TINY_TOKENIZED, **PAGE_MOE)), folder)
+
+
+def tiny_gated_moe_folder(folder: str | os.PathLike, **config) -> Path:
+    """A saved random GatedQwenMoeForCausalLM with G1 elementwise and a shared expert (exportable to Qwen3-Next)."""
+    from gated_qwen import GatedQwenMoeConfig, GatedQwenMoeForCausalLM
+
+    config = {**TINY_TOKENIZED, **PAGE_MOE, "shared_expert_intermediate_size": 32, **config}
+    return _save(GatedQwenMoeForCausalLM(GatedQwenMoeConfig(**config)), folder)
+
+
+def tiny_qwen3_next_folder(folder: str | os.PathLike) -> Path:
+    """A saved random stock Qwen3NextForCausalLM with every layer full attention and full RoPE (what GatedQwen
+    imports), with a tokenizer."""
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    config = Qwen3NextConfig(**TINY_TOKENIZED, **PAGE_MOE, shared_expert_intermediate_size=32, partial_rotary_factor=1.0,
+                             layer_types=["full_attention"] * TINY_TOKENIZED["num_hidden_layers"])
+    return _save(Qwen3NextForCausalLM(config), folder)
+
+
+def text_file(path: str | os.PathLike, words: int = 2000, seed: int = 0) -> Path:
+    """`words` words of TEXTS' vocabulary in random order, one line of 20 words after another."""
+    import random
+
+    vocabulary = sorted({word for text in TEXTS for word in text.split()})
+    rng = random.Random(seed)
+    chosen = [rng.choice(vocabulary) for _ in range(words)]
+    Path(path).write_text("\n".join(" ".join(chosen[i:i + 20]) for i in range(0, words, 20)) + "\n")
+    return Path(path)
+
+
+def folder_tensors(folder: str | os.PathLike) -> dict:
+    """Every tensor of the folder's safetensors files, by name."""
+    from safetensors.torch import load_file
+
+    return {name: t for file in sorted(Path(folder).glob("*.safetensors")) for name, t in load_file(file).items()}
+
+
+def link_from_repository(*names: str) -> None:
+    """Makes the repository's `names` (e.g. "benchmarks", "examples") visible in the working folder, for examples
+    that are run from a clone."""
+    for name in names:
+        Path(name).symlink_to(ROOT / name)

@@ -1,5 +1,6 @@
 """The tiny models that the local-inference checks (tests/engine_llama, tests/engine_mlx, tests/engine_onnx) run in another engine, and
-Transformers' answers they are held against: every position's float32 logits of fixed prompts, and greedy tokens.
+Transformers' answers they are held against: every position's float32 logits of fixed prompts, and greedy tokens;
+`parity_test`, the check each of those folders makes with its engine.
 
 `build` saves a random GatedQwen (GatedQwen-MoE with experts) whose norms, biases and constant gate logits are random
 too; `train` fits one briefly to text, so that a perplexity says something (a random model's is about the vocabulary
@@ -7,19 +8,21 @@ size, whatever an engine or a quantization does to it)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
+from helpers import SMALL, sizes
 from transformers import AutoModelForCausalLM
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, GatedQwenMoeConfig, GatedQwenMoeForCausalLM
+from gated_qwen.conversion import convert
 
 # Two layers, GQA, an untied output layer; head_dim 32 (Qwen3.5's RoPE sections fit), weights large enough
 # (initializer_range 0.1) that greedy decoding does not repeat one token; 320 tokens: the tiny tokenizers' size.
-SIZES = dict(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=32, max_position_embeddings=256, tie_word_embeddings=False,
-             initializer_range=0.1)
+SIZES = sizes(SMALL, vocab_size=320, head_dim=32, initializer_range=0.1)
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, shared_expert_intermediate_size=48,
            norm_topk_prob=True)
 PROMPTS = [[1, 5, 9, 20, 33], [7, 3, 3, 101, 64, 12, 90, 2, 45], [100, 22, 8, 17, 54, 31, 77, 6, 9, 60, 3, 11, 29, 250]]
@@ -110,3 +113,51 @@ def transformers_perplexity(folder: Path, data: np.ndarray) -> float:
         logits = model(batch[:, :-1]).logits
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
     return float(loss.exp())
+
+
+def parity_test(engine: str, to: str, cases: dict[str, dict], run: Callable[[Path], dict], tokenizer: bool = False,
+                expected_greedy: Callable[[dict, dict], list] = lambda ran, reference: reference["greedy"],
+                also: Callable[[dict, dict], None] = lambda case, ran: None):
+    """The engine-parity check of one engine, as the module fixture `cases` and the test, which the engine's test
+    module binds to its own names (`cases, test_... = parity_test(...)`).
+
+    `cases`: name -> config fields besides SIZES. For each, a random model (`build`; with a tiny tokenizer beside it
+    when the engine reads one, `tokenizer`) is converted with `convert(to_format=to)`, and the fixture holds
+    name -> {"folder", "converted", "transformers": its answer, "control": the answer without the gate (None for a
+    model without one)}. The test, parametrised by the names: `run(converted)` returns the engine's
+    {"logits": [[positions, vocab] per prompt], "greedy": [tokens per prompt]}; every logit within RTOL of
+    Transformers' (`distance`), the greedy tokens `expected_greedy(ran, transformers)` (Transformers' by default),
+    and each gated model's logits, the engine's and Transformers' alike, farther than RTOL from the control's (the
+    comparison sees the gate); then `also(case, ran)`, the engine's own further checks."""
+
+    @pytest.fixture(scope="module", name="cases")
+    def built(tmp_path_factory) -> dict:
+        root = tmp_path_factory.mktemp(f"{to}-models")
+        out = {}
+        for name, fields in cases.items():
+            folder = build(root / name, fields)
+            if tokenizer:
+                from helpers import tiny_tokenizer
+
+                tiny_tokenizer(folder, vocab_size=SIZES["vocab_size"])
+            converted = root / (f"{name}.gguf" if to == "gguf" else f"{name}-{to}")  # a file, or a folder
+            convert(folder, converted, to_format=to)
+            gated = fields.get("gate_position", "sdpa") is not None
+            out[name] = {"folder": folder, "converted": converted, "transformers": transformers_answer(folder),
+                         "control": transformers_answer(folder, gated=False) if gated else None}
+        return out
+
+    @pytest.mark.parametrize("name", cases)
+    def test(cases, name):
+        case = cases[name]
+        ran, reference = run(case["converted"]), case["transformers"]
+        error = distance(ran["logits"], reference["logits"])
+        print(f"{engine}, {name}: max |logit difference| {error:.3g} (relative), greedy {ran['greedy'][0]}")
+        assert error <= RTOL, f"{name}: {engine}'s logits are {error:.3g} from Transformers' (tolerance {RTOL})"
+        assert ran["greedy"] == expected_greedy(ran, reference)
+        if case["control"] is not None:
+            away = distance(case["control"]["logits"], reference["logits"])
+            assert distance(ran["logits"], case["control"]["logits"]) > RTOL and away > RTOL, (name, away)
+        also(case, ran)
+
+    return built, test

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import assert_refused, refusal_line
 
 import gated_qwen.cli
 from gated_qwen.cli import build_parser, main
@@ -59,11 +60,9 @@ def test_help_loads_what_the_package_does_and_nothing_a_subcommand_alone_needs(a
     (["nope"], "argument COMMAND: invalid choice: 'nope'"),
 ])
 def test_bad_flags_get_the_same_one_line_format(capsys, args, message):
-    with pytest.raises(SystemExit) as done:
+    with pytest.raises(SystemExit) as done:  # argparse's refusal
         main(args)
-    assert done.value.code == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith(f"gated-qwen: error: {message}"), err
+    assert refusal_line(done.value.code, capsys.readouterr().err, message).startswith(f"gated-qwen: error: {message}")
 
 
 @pytest.mark.parametrize("args, message", [
@@ -78,9 +77,7 @@ def test_bad_flags_get_the_same_one_line_format(capsys, args, message):
 ])
 def test_every_subcommand_refuses_in_one_line_with_status_2(tmp_path, monkeypatch, capsys, args, message):
     monkeypatch.chdir(tmp_path)
-    assert main(args) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith(f"gated-qwen: error: {message}"), err
+    assert assert_refused(capsys, args, message).startswith(f"gated-qwen: error: {message}")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -108,22 +105,6 @@ def _parser_running(func):
 
 
 # ------------------------------------------------------------------------------ every bad input: one line, status 2
-def one_line_refusal(capsys, args: list[str], message: str) -> str:
-    """`gated-qwen ARGS` refuses with status 2 and one error line, the last on stderr (before it only progress bars
-    may have been drawn), naming what is wrong (never "unexpected", never a traceback); returns the line."""
-    capsys.readouterr()
-    try:
-        code = main(args)
-    except SystemExit as done:  # argparse
-        code = done.code
-    err = capsys.readouterr().err
-    lines = err.replace("\r", "\n").splitlines()
-    assert code == 2 and err.endswith("\n") and lines[-1].startswith("gated-qwen: error: "), err
-    assert sum("error" in line.lower() for line in lines) == 1, err
-    assert message in lines[-1] and "unexpected" not in err and "Traceback" not in err, err
-    return lines[-1]
-
-
 @pytest.fixture
 def model64(tmp_path):
     """A tiny GatedQwen folder whose vocabulary is the built-in corpus's (64 ids)."""
@@ -152,7 +133,7 @@ def test_a_malicious_pickle_is_refused_without_suggesting_weights_only_false(mod
     torch.save(state, model64 / "pytorch_model.bin")
     for args in (["analyze", str(model64), "--length", "8", "--out", str(tmp_path / "analysis")],
                  ["eval-ppl", str(model64), "--lengths", "8"]):
-        err = one_line_refusal(capsys, args, "holds pickled weights that torch.load(weights_only=True) refuses "
+        err = assert_refused(capsys, args, "holds pickled weights that torch.load(weights_only=True) refuses "
                                              "(Trying to load unsupported GLOBAL posix.system)")
         assert "weights_only=False" not in err
     assert not marker.exists() and not (tmp_path / "analysis").exists()
@@ -176,8 +157,8 @@ def test_tokens_files_without_rows_or_integers_are_refused(model64, tmp_path, ca
     for name, ids, message in (("empty", torch.zeros(0, 16, dtype=torch.long), "holds no tokens (`input_ids` is (0, 16))"),
                                ("floats", torch.rand(2, 16), "must hold a 2-D integer tensor `input_ids` [N, S]")):
         save_file({"input_ids": ids}, tmp_path / f"{name}.safetensors")
-        one_line_refusal(capsys, ["eval-ppl", str(model64), "--lengths", "8", "--tokens",
-                                  str(tmp_path / f"{name}.safetensors")], message)
+        assert_refused(capsys, ["eval-ppl", str(model64), "--lengths", "8", "--tokens",
+                                  str(tmp_path / f"{name}.safetensors")], message, bars=True)
 
 
 def test_lengths_that_do_not_fit_in_memory_are_refused_before_allocating(model64, tmp_path, capsys):
@@ -187,18 +168,18 @@ def test_lengths_that_do_not_fit_in_memory_are_refused_before_allocating(model64
 
     from gated_qwen.analysis.memory import available_memory
 
-    err = one_line_refusal(capsys, ["analyze", str(model64), "--length", str(10**9), "--out", str(tmp_path / "a")],
-                           f"--length {10**9} needs about")
+    err = assert_refused(capsys, ["analyze", str(model64), "--length", str(10**9), "--out", str(tmp_path / "a")],
+                           f"--length {10**9} needs about", bars=True)
     limit = int(re.search(r"the most that fits is about --length (\d+)", err)[1])
     assert 2 <= limit < 10**9 and f"GiB available ({available_memory('cpu')[1]} on this machine)" in err
-    err = one_line_refusal(capsys, ["analyze", str(model64), "--length", str(10**9), "--quant", "w4a4", "--out",
-                                    str(tmp_path / "a")], "sequence(s) and its logits (--quant)")
+    err = assert_refused(capsys, ["analyze", str(model64), "--length", str(10**9), "--quant", "w4a4", "--out",
+                                    str(tmp_path / "a")], "sequence(s) and its logits (--quant)", bars=True)
     assert int(re.search(r"the most that fits is about --length (\d+)", err)[1]) < 0.9 * limit  # the logits too
-    one_line_refusal(capsys, ["eval-ppl", str(model64), "--lengths", "8", str(10**8)],
-                     f"--lengths {10**8} needs about")
+    assert_refused(capsys, ["eval-ppl", str(model64), "--lengths", "8", str(10**8)],
+                     f"--lengths {10**8} needs about", bars=True)
     for command in (["eval-ppl", str(model64), "--lengths", "8"], ["analyze", str(model64), "--length", "8", "--out",
                                                                      str(tmp_path / "a")]):
-        err = one_line_refusal(capsys, [*command, "--sequences", str(10**11)], f"--sequences {10**11} needs about")
+        err = assert_refused(capsys, [*command, "--sequences", str(10**11)], f"--sequences {10**11} needs about", bars=True)
         assert "for the held-out windows of 8 tokens" in err  # refused at once: sampling them alone takes hours
     save_file({"input_ids": torch.zeros(2, 8, dtype=torch.long)}, tmp_path / "two.safetensors")  # a file's rows: all
     assert main(["eval-ppl", str(model64), "--lengths", "8", "--sequences", str(10**11), "--tokens",
@@ -253,7 +234,7 @@ def test_reproduce_flags_are_refused_before_any_worker_starts(tmp_path, monkeypa
     import multiprocessing
 
     monkeypatch.chdir(tmp_path)
-    one_line_refusal(capsys, ["reproduce", "--preset", "smoke", "--jobs", "2", "--out", "out", *args], message)
+    assert_refused(capsys, ["reproduce", "--preset", "smoke", "--jobs", "2", "--out", "out", *args], message)
     assert multiprocessing.active_children() == [] and list(tmp_path.iterdir()) == []
 
 
@@ -416,7 +397,7 @@ def test_every_bad_input_file_is_one_line_naming_it(model64, tmp_path, capsys, c
     (tmp_path / "text.txt").write_text("a a a a " * 50)
     args = [str(model64) if a == "MODEL" else str(tmp_path / "out") if a == "OUT" else
             str(tmp_path / "text.txt") if a == "TEXT" else a.replace("MODEL", str(model64)) for a in args]
-    one_line_refusal(capsys, args, message.format(m=model64))
+    assert_refused(capsys, args, message.format(m=model64), bars=True)
     assert not (tmp_path / "out").exists()
 
 

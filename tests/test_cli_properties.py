@@ -13,7 +13,6 @@ import functools
 import io
 import json
 import os
-import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -21,15 +20,18 @@ from unittest import mock
 
 import pytest
 import torch
-from helpers import TINY
-from hypothesis import HealthCheck, event, example, given, settings
-from hypothesis import strategies as st
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from helpers import PROGRESS_BAR, TINY
 
-from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
-from gated_qwen.analysis.miniature import corpora, presets, runs
-from gated_qwen.cli import main
-from gated_qwen.conversion.formats import TO_FORMATS
+pytest.importorskip("hypothesis", reason="needs the dev extra: pip install 'gated-qwen[dev]'")
+
+from hypothesis import HealthCheck, event, example, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
+
+from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM  # noqa: E402
+from gated_qwen.analysis.miniature import corpora, presets, runs  # noqa: E402
+from gated_qwen.cli import main  # noqa: E402
+from gated_qwen.conversion.formats import TO_FORMATS  # noqa: E402
 
 EXPLORE = os.environ.get("EXPLORE")
 TRAIN = bool(os.environ.get("EXPLORE_TRAINING"))
@@ -50,9 +52,6 @@ FLAG_TEXT = NUMBER_TEXT | st.text(max_size=10)
 # Mostly (3 in 4) sizes a tiny model runs with, so that the examples also reach the work past the parser.
 SIZE = st.integers(0, 3).flatmap(lambda kind: FLAG_TEXT if kind == 0 else st.integers(-1, 70).map(str))
 # What a progress bar draws on stderr (tqdm: "desc:  50%|#####     | 1/2 [00:01<00:01, 1.0run/s]").
-PROGRESS_BAR = re.compile(r"^[^:]*: *\d+%\|.*\| *[\d.?]+[kMG]?/[\d.?]+[kMG]? \[.*\]$")
-
-
 class Accepted(BaseException):  # not an Exception: it passes the command's error handling, as Ctrl-C does
     """Raised where `reproduce` would start training: its flags passed every check made before any worker starts."""
 

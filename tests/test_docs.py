@@ -7,8 +7,8 @@ The convention, per page (CONTRIBUTING.md, "Documentation"):
   fresh and empty (tests/conftest.py) and `HF_HUB_OFFLINE=1`. Other info strings (`text`, `yaml`, `bibtex`, ...)
   are not run; `py`, `sh`, `shell`, `console` are refused, so no example escapes by its spelling.
 - Hidden blocks run where they stand, in the page's interpreter: `<!-- doc-test: setup` NEWLINE python NEWLINE
-  `-->` prepares what the reader need not see (tiny folders under the names the text uses; the helpers at the end
-  of this file, `from test_docs import tiny_release_folder`), `<!-- doc-test: check` ... `-->` asserts what the
+  `-->` prepares what the reader need not see (tiny folders under the names the text uses; the folder builders
+  of tests/helpers.py, `from helpers import tiny_release_folder`), `<!-- doc-test: check` ... `-->` asserts what the
   text says the example does.
 - `<!-- doc-test: skip (reason) -->` on the line before a python or bash block: not run, and reported as a skipped
   test with its reason (`pytest -ra`). Kept for what cannot run here: a GPU, the network, hours, installing.
@@ -217,126 +217,6 @@ if __name__ != "__main__":
         hyphens."""
         headings = re.findall(r"^#+ (.+)$", _without_fences(page.read_text()), flags=re.M)
         return {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-") for heading in headings}
-
-
-# ---------------------------------------------------------------------------------- fixtures for hidden blocks
-# Tiny folders under the names the pages use, built offline with public APIs (so they follow the library's formats).
-TINY = dict(vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=8, max_position_embeddings=512)
-TEXTS = ["Gated attention removes the attention sink because the gate can close",
-         "a sigmoid gate on the attention output makes it sparse and input dependent",
-         "massive activations shrink when the gate is on, and training is more stable"]
-
-
-def tiny_tokenizer(folder: str | os.PathLike, texts: list[str] = TEXTS, vocab_size: int = TINY["vocab_size"]):
-    """A byte-level BPE tokenizer (Qwen's kind) trained on `texts` with the `tokenizers` library, saved in
-    `folder`; its ids are below `vocab_size`."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    backend.train_from_iterator(texts, trainer)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|endoftext|>",
-                                        pad_token="<|endoftext|>")
-    assert len(tokenizer) <= vocab_size
-    tokenizer.save_pretrained(folder)
-    return tokenizer
-
-
-def _save(model, folder: str | os.PathLike, tokenizer: bool = True) -> Path:
-    import torch
-
-    torch.manual_seed(0)
-    model.save_pretrained(folder)
-    if tokenizer:
-        tiny_tokenizer(folder, vocab_size=model.config.vocab_size)
-    return Path(folder)
-
-
-def tiny_gated_folder(folder: str | os.PathLike, **config) -> Path:
-    """A saved random GatedQwenForCausalLM (TINY sizes, G1 elementwise unless `config` says otherwise) with a
-    tokenizer."""
-    from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
-
-    return _save(GatedQwenForCausalLM(GatedQwenConfig(**{**TINY, **config})), folder)
-
-
-def tiny_release_folder(folder: str | os.PathLike, granularity: str | None = "elementwise") -> Path:
-    """A folder in the layout of the paper's release (`QwQZh/gated_attention`: model_type qwen3, the gate packed in
-    q_proj), as `gated-qwen convert --to release` writes it from a random tiny model; `granularity` None: the
-    baseline."""
-    from gated_qwen.conversion import convert
-
-    with tempfile.TemporaryDirectory() as scratch:
-        gate = {"gate_position": None} if granularity is None else {"gate_granularity": granularity}
-        source = tiny_gated_folder(Path(scratch) / "gated", **gate)
-        Path(folder).parent.mkdir(parents=True, exist_ok=True)
-        convert(source, folder, to_format="release", verify=False)
-    return Path(folder)
-
-
-def tiny_qwen3_folder(folder: str | os.PathLike) -> Path:
-    """A saved random stock Qwen3ForCausalLM (TINY sizes) with a tokenizer."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    return _save(Qwen3ForCausalLM(Qwen3Config(**TINY)), folder)
-
-
-TINY_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
-
-
-def tiny_qwen3_moe_folder(folder: str | os.PathLike) -> Path:
-    """A saved random stock Qwen3MoeForCausalLM with a tokenizer."""
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-
-    return _save(Qwen3MoeForCausalLM(Qwen3MoeConfig(**TINY, **TINY_MOE)), folder)
-
-
-def tiny_gated_moe_folder(folder: str | os.PathLike, **config) -> Path:
-    """A saved random GatedQwenMoeForCausalLM with G1 elementwise and a shared expert (exportable to Qwen3-Next)."""
-    from gated_qwen import GatedQwenMoeConfig, GatedQwenMoeForCausalLM
-
-    config = {**TINY, **TINY_MOE, "shared_expert_intermediate_size": 32, **config}
-    return _save(GatedQwenMoeForCausalLM(GatedQwenMoeConfig(**config)), folder)
-
-
-def tiny_qwen3_next_folder(folder: str | os.PathLike) -> Path:
-    """A saved random stock Qwen3NextForCausalLM with every layer full attention and full RoPE (what GatedQwen
-    imports), with a tokenizer."""
-    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
-
-    config = Qwen3NextConfig(**TINY, **TINY_MOE, shared_expert_intermediate_size=32, partial_rotary_factor=1.0,
-                             layer_types=["full_attention"] * TINY["num_hidden_layers"])
-    return _save(Qwen3NextForCausalLM(config), folder)
-
-
-def text_file(path: str | os.PathLike, words: int = 2000, seed: int = 0) -> Path:
-    """`words` words of TEXTS' vocabulary in random order, one line of 20 words after another."""
-    import random
-
-    vocabulary = sorted({word for text in TEXTS for word in text.split()})
-    rng = random.Random(seed)
-    chosen = [rng.choice(vocabulary) for _ in range(words)]
-    Path(path).write_text("\n".join(" ".join(chosen[i:i + 20]) for i in range(0, words, 20)) + "\n")
-    return Path(path)
-
-
-def folder_tensors(folder: str | os.PathLike) -> dict:
-    """Every tensor of the folder's safetensors files, by name."""
-    from safetensors.torch import load_file
-
-    return {name: t for file in sorted(Path(folder).glob("*.safetensors")) for name, t in load_file(file).items()}
-
-
-def link_from_repository(*names: str) -> None:
-    """Makes the repository's `names` (e.g. "benchmarks", "examples") visible in the working folder, for examples
-    that are run from a clone."""
-    for name in names:
-        Path(name).symlink_to(ROOT / name)
 
 
 def main(argv: list[str]) -> None:

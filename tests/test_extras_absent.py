@@ -9,8 +9,7 @@ import sys
 
 import pytest
 import torch
-from conversion_helpers import cli_refuses
-from helpers import SMALL, TINY, randomize_, sizes
+from helpers import SMALL, TINY, assert_refused, randomize_, sizes
 from safetensors.torch import save_file
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
@@ -36,7 +35,7 @@ def test_an_export_whose_package_is_not_installed_is_refused_naming_the_extra(tm
     monkeypatch.setitem(sys.modules, module, None if stand_in == "absent" else a_folder_named(module, tmp_path))
     src = tmp_path / "gated"
     randomize_(GatedQwenForCausalLM(GatedQwenConfig(**sizes(SMALL, vocab_size=320)))).save_pretrained(src)
-    line = cli_refuses(capsys, ["convert", str(src), str(tmp_path / "out"), "--to", to], "which is not installed",
+    line = assert_refused(capsys, ["convert", str(src), str(tmp_path / "out"), "--to", to], "which is not installed",
                        tmp_path / "out")
     assert extra in line, line
 
@@ -48,7 +47,7 @@ def test_analyze_without_matplotlib_is_refused_naming_the_extra(tmp_path, capsys
     src = tmp_path / "gated"
     randomize_(GatedQwenForCausalLM(GatedQwenConfig(**TINY))).save_pretrained(src)
     save_file({"input_ids": torch.randint(0, TINY["vocab_size"], (2, 11))}, tmp_path / "ids.safetensors")
-    line = cli_refuses(capsys, ["analyze", str(src), "--tokens", str(tmp_path / "ids.safetensors"), "--length", "11",
+    line = assert_refused(capsys, ["analyze", str(src), "--tokens", str(tmp_path / "ids.safetensors"), "--length", "11",
                                 "--sequences", "2", "--out", str(tmp_path / "report")], "which is not installed",
-                       tmp_path / "report")
+                       tmp_path / "report", bars=True)
     assert "pip install 'gated-qwen[analysis]'" in line and "please report" not in line, line

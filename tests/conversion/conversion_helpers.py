@@ -1,6 +1,6 @@
 """What the conversion tests share: the tiny sizes, the release layout written from its documented index formulas
-and a forward that reads it (`write_release`, `release_forward`: independent of the package), loading, and the
-checks that a refusal says one line and leaves nothing behind."""
+and a forward that reads it (`write_release`, `release_forward`: independent of the package), loading, and
+`refuse` (convert() raises and leaves nothing behind)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import assert_nothing_written, sizes
 from helpers import randomize_ as randomize_weights_
-from helpers import sizes
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from gated_qwen.cli import main
 from gated_qwen.conversion import ConversionError, convert
 
 TINY = sizes(vocab_size=100, intermediate_size=48)  # the sizes write_release's checkpoints (and their tests) use
@@ -54,11 +53,6 @@ def tensors(folder: Path) -> dict[str, torch.Tensor]:
         with safe_open(folder / file, framework="pt") as f:
             out.update({k: f.get_tensor(k) for k in f.keys()})
     return out
-
-
-def assert_nothing_written(dst: Path) -> None:
-    assert not dst.exists()
-    assert not [p for p in dst.parent.iterdir() if p.name.startswith(f".{dst.name}.")], "temporary folder left behind"
 
 
 def refuse(match: str, src: Path, dst: Path, **kwargs) -> None:
@@ -169,19 +163,6 @@ def release_forward(logical: dict, kv_heads: int, variant: str, qkv_bias: bool, 
         x = rms(h, w["ln2"])
         h = h + (F.silu(x @ w["gate"].T) * (x @ w["up"].T)) @ w["down"].T
     return rms(h, logical["norm"]) @ logical["embed"].T
-
-
-def cli_refuses(capsys, args: list[str], message: str, dst: Path, code: int = 2) -> str:
-    """`gated-qwen ARGS` exits with `code` and one line `gated-qwen: error: ...` that contains `message`, with no
-    traceback, and leaves nothing at or beside `dst`. Returns the line."""
-    assert main(args) == code
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.startswith("gated-qwen: error: ")]
-    assert len(lines) == 1 and message in lines[0], err
-    assert "Traceback" not in err
-    if dst is not None:
-        assert_nothing_written(dst)
-    return lines[0]
 
 
 def edit_json(path: Path, **changes) -> None:

@@ -18,7 +18,6 @@ import torch
 from conversion_helpers import (
     TINY,
     VOCAB,
-    cli_refuses,
     copy_source,
     edit_json,
     load,
@@ -28,7 +27,7 @@ from conversion_helpers import (
     tensors,
     write_release,
 )
-from helpers import sizes
+from helpers import assert_nothing_written, assert_refused, refusal_line, sizes
 from safetensors.torch import save_file
 from transformers import (
     Qwen3_5ForCausalLM,
@@ -129,7 +128,7 @@ def test_bad_source_is_refused_with_one_line(qwen3_sources, tmp_path, capsys, ca
     shutil.copytree(qwen3_sources[False][0], src)
     message = damage(src)
     for verify in ("--verify", "--no-verify"):
-        cli_refuses(capsys, ["convert", str(src), str(tmp_path / "dst"), *flags, verify], message, tmp_path / "dst")
+        assert_refused(capsys, ["convert", str(src), str(tmp_path / "dst"), *flags, verify], message, tmp_path / "dst")
 
 
 @pytest.mark.parametrize("target", ["qwen3_5", "release"])
@@ -137,7 +136,7 @@ def test_export_of_weights_that_do_not_match_their_config_is_refused(gated_sourc
     src = tmp_path / "src"
     shutil.copytree(gated_source, src)
     edit_json(src / "config.json", num_key_value_heads=1)
-    cli_refuses(capsys, ["convert", str(src), str(tmp_path / "dst"), "--to", target, "--no-verify"],
+    assert_refused(capsys, ["convert", str(src), str(tmp_path / "dst"), "--to", target, "--no-verify"],
                 "k_proj.weight is [16, 32] where the config implies [8, 32]", tmp_path / "dst")
 
 
@@ -148,12 +147,12 @@ def test_exports_that_vllm_would_compute_wrongly_are_refused(tmp_path, capsys):
     randomize_(GatedQwenForCausalLM(GatedQwenConfig(**TINY, attention_bias=True))).save_pretrained(tmp_path / "bias")
     randomize_(GatedQwenForCausalLM(GatedQwenConfig(**TINY))).save_pretrained(tmp_path / "dense")
     for target in ("qwen3_5", "qwen3_next"):
-        cli_refuses(capsys, ["convert", str(tmp_path / "bias"), str(tmp_path / "dst"), "--to", target],
+        assert_refused(capsys, ["convert", str(tmp_path / "bias"), str(tmp_path / "dst"), "--to", target],
                     "attention_bias=True, an o_proj bias" if target == "qwen3_5" else "--to qwen3_5", tmp_path / "dst")
-    line = cli_refuses(capsys, ["convert", str(tmp_path / "dense"), str(tmp_path / "dst"), "--to", "qwen3_next"],
+    line = assert_refused(capsys, ["convert", str(tmp_path / "dense"), str(tmp_path / "dst"), "--to", "qwen3_next"],
                        "this model is dense", tmp_path / "dst")
     assert "use --to qwen3_5" in line
-    cli_refuses(capsys, ["convert", str(tmp_path / "dense"), str(tmp_path / "dst"), "--to", "release",
+    assert_refused(capsys, ["convert", str(tmp_path / "dense"), str(tmp_path / "dst"), "--to", "release",
                          "--allow-o-proj-bias"], "--allow-o-proj-bias applies to --to qwen3_5", tmp_path / "dst")
     assert main(["convert", str(tmp_path / "bias"), str(tmp_path / "q35"), "--to", "qwen3_5", "--allow-o-proj-bias"]) == 0
     assert "warning: Qwen3.5's o_proj bias is written as asked" in capsys.readouterr().err
@@ -166,9 +165,9 @@ def test_bad_destination_is_refused_before_any_work(qwen3_sources, tmp_path, cap
     monkeypatch.setattr(plans, "plan_import", None)  # the work: never reached
     dangling = tmp_path / "link"
     dangling.symlink_to(tmp_path / "nowhere")
-    cli_refuses(capsys, ["convert", str(src), str(dangling), *args], "is a symlink to", dangling)
+    assert_refused(capsys, ["convert", str(src), str(dangling), *args], "is a symlink to", dangling)
     assert dangling.is_symlink() and not (tmp_path / "nowhere").exists()
-    cli_refuses(capsys, ["convert", str(src), str(tmp_path / "no" / "dst"), *args],
+    assert_refused(capsys, ["convert", str(src), str(tmp_path / "no" / "dst"), *args],
                 f"The folder {str(tmp_path / 'no')!r} that would hold DST", tmp_path / "x")
     assert not (tmp_path / "no").exists()
     read_only = tmp_path / "read-only"
@@ -176,10 +175,10 @@ def test_bad_destination_is_refused_before_any_work(qwen3_sources, tmp_path, cap
     if os.geteuid() == 0:  # root may write anywhere; answer as the permission bits do for everyone else
         real_access = os.access
         monkeypatch.setattr(os, "access", lambda path, mode: real_access(path, mode) and Path(path) != read_only)
-    cli_refuses(capsys, ["convert", str(src), str(read_only / "dst"), *args],
+    assert_refused(capsys, ["convert", str(src), str(read_only / "dst"), *args],
                 f"Cannot write in {str(read_only)!r}", read_only / "dst")
     for size in ("inf", "infGB", "nan", "0", "-2GB", "lots"):
-        cli_refuses(capsys, ["convert", str(src), str(tmp_path / "dst"), *args, f"--max-shard-size={size}"],
+        assert_refused(capsys, ["convert", str(src), str(tmp_path / "dst"), *args, f"--max-shard-size={size}"],
                     f"--max-shard-size {size!r} is not a size", tmp_path / "dst")
 
 
@@ -192,9 +191,9 @@ def test_disk_full_removes_the_partial_output_and_keeps_the_old_one(qwen3_source
 
     monkeypatch.setattr(io, "save_file", full_disk)
     src, dst = qwen3_sources[False][0], tmp_path / "dst"
-    cli_refuses(capsys, ["convert", str(src), str(dst), "--from", "qwen3"],
+    assert_refused(capsys, ["convert", str(src), str(dst), "--from", "qwen3"],
                 f"No space left on the device that holds {str(tmp_path)!r} while writing DST {str(dst)!r}; the "
-                "partial output", dst)
+                "partial output", dst, bars=True)
     dst.mkdir()
     (dst / "old.txt").write_text("old")
     assert main(["convert", str(src), str(dst), "--from", "qwen3", "--overwrite"]) == 2
@@ -216,7 +215,7 @@ def test_pickled_sources_legacy_format_and_unsafe_content(qwen3_sources, tmp_pat
     unsafe.mkdir()
     shutil.copy(src / "config.json", unsafe)
     torch.save({**tensors(src), "extra": collections.OrderedDict(a=Path("x"))}, unsafe / "pytorch_model.bin")
-    line = cli_refuses(capsys, ["convert", str(unsafe), str(tmp_path / "u"), "--from", "qwen3", "--allow-pickle"],
+    line = assert_refused(capsys, ["convert", str(unsafe), str(tmp_path / "u"), "--from", "qwen3", "--allow-pickle"],
                        "pytorch_model.bin in SRC cannot be read with torch.load(weights_only=True) (Unsupported "
                        "global: GLOBAL pathlib", tmp_path / "u")
     assert "weights_only=False" not in line
@@ -228,14 +227,14 @@ def test_non_finite_source_is_named_as_such(qwen3_sources, tmp_path, capsys):
     weights = tensors(src)
     weights["model.norm.weight"][3] = float("inf")
     save_file(weights, src / "model.safetensors", metadata={"format": "pt"})
-    cli_refuses(capsys, ["convert", str(src), str(tmp_path / "dst"), "--from", "qwen3"],
-                "the source produces non-finite logits", tmp_path / "dst")
+    assert_refused(capsys, ["convert", str(src), str(tmp_path / "dst"), "--from", "qwen3"],
+                "the source produces non-finite logits", tmp_path / "dst", bars=True)
 
 
 def test_verification_failure_exits_with_1(qwen3_sources, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(qwen3_module, "added_gate_init", lambda config: (0.0, "none", 1.0))
-    cli_refuses(capsys, ["convert", str(qwen3_sources[False][0]), str(tmp_path / "dst"), "--from", "qwen3",
-                         "--add-gate", "elementwise"], "verification failed", tmp_path / "dst", code=1)
+    assert_refused(capsys, ["convert", str(qwen3_sources[False][0]), str(tmp_path / "dst"), "--from", "qwen3",
+                         "--add-gate", "elementwise"], "verification failed", tmp_path / "dst", status=1, bars=True)
 
 
 # `--verify`'s tolerance as docs/conversion.md states it: max |logit difference| <= 1e-3 x max(1, max |logit|).
@@ -271,7 +270,7 @@ def test_verify_holds_a_small_real_error_to_the_documented_tolerance(qwen3_sourc
         assert f"verified: logits agree to {eps:.2g}" in capsys.readouterr().err
         assert (dst / "config.json").exists()
     else:
-        line = cli_refuses(capsys, args, "verification failed", dst, code=1)
+        line = assert_refused(capsys, args, "verification failed", dst, status=1, bars=True)
         assert f"differ from the source's by {eps:.3g}" in line and "the tolerance is 0.001" in line
 
 
@@ -295,11 +294,11 @@ def _patched_export(monkeypatch, name, edit):
     fmt = FORMATS[name]
 
     def export(ckpt, **options):
-        config, plan = fmt.export(ckpt, **options)
+        config, plan = fmt.writing.plan(ckpt, **options)
         edit(plan)
         return config, plan
 
-    monkeypatch.setitem(FORMATS, name, dataclasses.replace(fmt, export=export))
+    monkeypatch.setitem(FORMATS, name, dataclasses.replace(fmt, writing=dataclasses.replace(fmt.writing, plan=export)))
 
 
 STRUCTURE_FAULTS = {  # what the fault does to the plan -> the message
@@ -320,15 +319,19 @@ def test_incomplete_plans_are_refused_even_without_verification(qwen3_sources, t
     edit, message = STRUCTURE_FAULTS[fault]
     _patched_import(monkeypatch, edit)
     src, dst = qwen3_sources[False][0], tmp_path / "dst"
-    cli_refuses(capsys, ["convert", str(src), str(dst), "--from", "qwen3", "--no-verify"], message, dst)
+    assert_refused(capsys, ["convert", str(src), str(dst), "--from", "qwen3", "--no-verify"], message, dst)
     monkeypatch.setattr(conversion, "VERIFY_MAX_PARAMETERS", 1000)  # default flags, a model above the verify limit
-    line = cli_refuses(capsys, ["convert", str(src), str(dst), "--from", "qwen3"], message, dst)
+    assert main(["convert", str(src), str(dst), "--from", "qwen3"]) == 2
+    note, err = capsys.readouterr().err.split("\n", 1)
+    assert note.startswith("not verifying: ") and "pass --verify to run it anyway" in note, note
+    line = refusal_line(2, err, message)
+    assert_nothing_written(dst)
     assert "the converted checkpoint would not match the model its config.json describes" in line
 
 
 def test_export_plans_are_checked_against_the_stock_class(gated_source, tmp_path, capsys, monkeypatch):
     _patched_export(monkeypatch, "qwen3_5", lambda plan: plan.pop("model.layers.0.self_attn.q_proj.weight"))
-    cli_refuses(capsys, ["convert", str(gated_source), str(tmp_path / "dst"), "--to", "qwen3_5", "--no-verify"],
+    assert_refused(capsys, ["convert", str(gated_source), str(tmp_path / "dst"), "--to", "qwen3_5", "--no-verify"],
                 "missing (model.layers.0.self_attn.q_proj.weight)", tmp_path / "dst")
 
 
@@ -345,8 +348,8 @@ def test_written_files_and_config_are_checked(qwen3_sources, tmp_path, capsys, m
 
     with monkeypatch.context() as patch:
         patch.setattr(io, "write_json", index_without_an_entry)
-        cli_refuses(capsys, ["convert", str(src), str(dst), "--from", "qwen3", "--no-verify"],
-                    "the written weights differ from the plan at model.layers.0.mlp.up_proj.weight", dst)
+        assert_refused(capsys, ["convert", str(src), str(dst), "--from", "qwen3", "--no-verify"],
+                    "the written weights differ from the plan at model.layers.0.mlp.up_proj.weight", dst, bars=True)
     write_config = conversion._write_config
 
     def config_without_vocab_size(config, folder, result):
@@ -356,8 +359,8 @@ def test_written_files_and_config_are_checked(qwen3_sources, tmp_path, capsys, m
         (folder / "config.json").write_text(json.dumps(data))
 
     monkeypatch.setattr(conversion, "_write_config", config_without_vocab_size)
-    cli_refuses(capsys, ["convert", str(src), str(dst), "--from", "qwen3", "--no-verify"],
-                f"model.embed_tokens.weight is [{VOCAB}, 32] where the config implies [151936, 32]", dst)
+    assert_refused(capsys, ["convert", str(src), str(dst), "--from", "qwen3", "--no-verify"],
+                f"model.embed_tokens.weight is [{VOCAB}, 32] where the config implies [151936, 32]", dst, bars=True)
 
 
 # ------------------------------------------------------------------------- what convert reads and carries from SRC
@@ -368,12 +371,12 @@ def test_only_regular_files_inside_src_are_read_or_carried(qwen3_sources, tmp_pa
     src = copy_source(qwen3_sources, tmp_path)
     (tmp_path / "secret.txt").write_text("someone else's file")
     (src / "tokenizer.json").symlink_to(tmp_path / "secret.txt")
-    cli_refuses(capsys, ["convert", str(src), str(tmp_path / "dst"), "--from", "qwen3", "--no-verify"],
+    assert_refused(capsys, ["convert", str(src), str(tmp_path / "dst"), "--from", "qwen3", "--no-verify"],
                 f"SRC's file to carry 'tokenizer.json' is '{tmp_path}/secret.txt', outside SRC (through the link "
                 "'tokenizer.json')", tmp_path / "dst")
     (src / "tokenizer.json").unlink()
     os.mkfifo(src / "tokenizer_extra.json")
-    cli_refuses(capsys, ["convert", str(src), str(tmp_path / "dst"), "--from", "qwen3", "--no-verify"],
+    assert_refused(capsys, ["convert", str(src), str(tmp_path / "dst"), "--from", "qwen3", "--no-verify"],
                 "SRC's file to carry 'tokenizer_extra.json' in SRC is not a regular file (a pipe, socket or device)",
                 tmp_path / "dst")
     (src / "tokenizer_extra.json").unlink()
@@ -393,7 +396,7 @@ def test_only_regular_files_inside_src_are_read_or_carried(qwen3_sources, tmp_pa
     index = json.loads((src / "model.safetensors.index.json").read_text())
     index["weight_map"] = {name: f"shards/{file}" for name, file in index["weight_map"].items()}
     (src / "model.safetensors.index.json").write_text(json.dumps(index))
-    cli_refuses(capsys, ["convert", str(src), str(tmp_path / "dst2"), "--from", "qwen3", "--no-verify"],
+    assert_refused(capsys, ["convert", str(src), str(tmp_path / "dst2"), "--from", "qwen3", "--no-verify"],
                 f"the weight file (named by model.safetensors.index.json) 'shards/{shards[0]}' is "
                 f"'{tmp_path}/elsewhere/{shards[0]}', outside SRC (through the link 'shards')", tmp_path / "dst2")
 
@@ -513,7 +516,7 @@ def test_a_model_in_a_sub_folder_of_a_cache_snapshot_is_read_through_its_links(q
     (tmp_path / "secret.txt").write_text("someone else's file")
     (snapshot / "1B_baseline" / "tokenizer.json").unlink()
     (snapshot / "1B_baseline" / "tokenizer.json").symlink_to(tmp_path / "secret.txt")
-    cli_refuses(capsys, ["convert", str(snapshot / "1B_baseline"), str(tmp_path / "dst2"), "--from", "qwen3"],
+    assert_refused(capsys, ["convert", str(snapshot / "1B_baseline"), str(tmp_path / "dst2"), "--from", "qwen3"],
                 f"SRC's file to carry 'tokenizer.json' is '{tmp_path}/secret.txt', outside SRC (through the link "
                 "'tokenizer.json')", tmp_path / "dst2")
 
@@ -555,7 +558,7 @@ def test_a_missing_q_proj_that_holds_the_gate_is_named_as_such(tmp_path, capsys)
     without(tmp_path / "baseline", name)
     for folder, fmt, said in (("release", "release", gate), ("qwen3_5", "qwen3_5", gate),
                               ("baseline", "release", f"1 missing ({name})")):
-        cli_refuses(capsys, ["convert", str(tmp_path / folder), str(tmp_path / "dst"), "--from", fmt, "--no-verify"],
+        assert_refused(capsys, ["convert", str(tmp_path / folder), str(tmp_path / "dst"), "--from", fmt, "--no-verify"],
                     said, tmp_path / "dst")
         with pytest.raises(ValueError) as refusal:
             GatedQwenForCausalLM.from_pretrained(tmp_path / folder)
@@ -579,18 +582,18 @@ def test_a_link_loop_is_refused_by_name_in_every_direction(qwen3_sources, gated_
     for name in [p.name for p in src.glob("model*.safetensors*")]:
         (src / name).unlink()
     (src / "model.safetensors").symlink_to("model.safetensors")
-    cli_refuses(capsys, argv, f"SRC's 'model.safetensors' {LOOP}", dst)
+    assert_refused(capsys, argv, f"SRC's 'model.safetensors' {LOOP}", dst)
 
     (src / "model.safetensors").unlink()
     (src / "config.json").unlink()
     (src / "config.json").symlink_to("tokenizer.json")
     (src / "tokenizer.json").symlink_to("config.json")
-    cli_refuses(capsys, argv, f"SRC's 'config.json' {LOOP}", dst)
+    assert_refused(capsys, argv, f"SRC's 'config.json' {LOOP}", dst)
 
     (tmp_path / "self").symlink_to("self")
-    cli_refuses(capsys, ["convert", str(tmp_path / "self"), str(dst), *direction], f"SRC {str(tmp_path / 'self')!r} "
+    assert_refused(capsys, ["convert", str(tmp_path / "self"), str(dst), *direction], f"SRC {str(tmp_path / 'self')!r} "
                 f"{LOOP}", dst)
-    cli_refuses(capsys, ["convert", str(gated_source), str(tmp_path / "self"), *direction],
+    assert_refused(capsys, ["convert", str(gated_source), str(tmp_path / "self"), *direction],
                 f"DST {str(tmp_path / 'self')!r} {LOOP}", None)
     assert os.readlink(tmp_path / "self") == "self"
 
@@ -626,6 +629,6 @@ def test_every_export_refuses_an_output_into_over_or_around_its_input(gated_sour
     for dst, extra, message in ((src / "out", [], f"lies inside the input {str(src)!r}"), (tmp_path / "link", ["--overwrite"], f"is the input {str(src)!r}"
                                  if to != "gguf" else "exists and is a folder"),  # a file output replaces a link
                                 (tmp_path / "holder", ["--overwrite"], "contains the input")):
-        cli_refuses(capsys, ["convert", str(src), str(dst), "--to", to, *extra], message, None)
+        assert_refused(capsys, ["convert", str(src), str(dst), "--to", to, *extra], message, None)
         assert {path: path.read_bytes() for path in src.rglob("*") if path.is_file()} == before
         assert not (src / "out").exists()

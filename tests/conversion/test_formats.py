@@ -5,7 +5,7 @@ format, which the command line then offers (`--NAME`, with its help) and `conver
 import dataclasses
 
 import pytest
-from conversion_helpers import assert_nothing_written, cli_refuses
+from helpers import assert_nothing_written, assert_refused
 
 from gated_qwen.cli import build_parser, main
 from gated_qwen.conversion import ConversionError, convert
@@ -35,17 +35,17 @@ def test_every_format_is_listed_wherever_formats_are_listed():
 
 
 def with_an_option(monkeypatch, option: ExportOption) -> list[dict]:
-    """`--to qwen3_5` with `option` added to its export options (one edit: the Format), its export recording the
+    """`--to qwen3_5` with `option` added to its export options (one edit: the Format's writing), its export recording the
     options it is given; returns that record."""
     received = []
     fmt = FORMATS["qwen3_5"]
 
     def export(checkpoint, **options):
         received.append(options)
-        return fmt.export(checkpoint, **{k: v for k, v in options.items() if k != option.name})
+        return fmt.writing.plan(checkpoint, **{k: v for k, v in options.items() if k != option.name})
 
-    monkeypatch.setitem(FORMATS, "qwen3_5", dataclasses.replace(
-        fmt, export=export, export_options=(*fmt.export_options, option)))
+    monkeypatch.setitem(FORMATS, "qwen3_5", dataclasses.replace(fmt, writing=dataclasses.replace(
+        fmt.writing, plan=export, options=(*fmt.writing.options, option))))
     return received
 
 
@@ -58,7 +58,7 @@ def test_an_export_option_is_one_edit_of_its_format(monkeypatch, gated_source, t
     assert received[-1] == {"keep_notes": True}
     convert(gated_source, tmp_path / "c", to_format="qwen3_5")  # not given: not passed
     assert received[-1] == {}
-    cli_refuses(capsys, ["convert", str(gated_source), str(tmp_path / "d"), "--to", "release", "--keep-notes"],
+    assert_refused(capsys, ["convert", str(gated_source), str(tmp_path / "d"), "--to", "release", "--keep-notes"],
                 "--keep-notes applies to --to qwen3_5 only", tmp_path / "d")
     with pytest.raises(ConversionError, match="convert\\(\\) has no option 'keep_note'; the export options are"):
         convert(gated_source, tmp_path / "e", to_format="qwen3_5", keep_note=True)

@@ -2,7 +2,7 @@
 .venv-llama/llama.cpp by `make test-llama`), run as its command line runs it, with one step given: the name of the
 tokenizer's pre-tokenizer. The converter recognises the tokenizers of published models by a hash of how they split
 a fixed text; a tiny tokenizer trained here is none of them (the converter stops with "BPE pre-tokenizer was not
-recognized"), so its name, GPT-2's byte-level split (`tests/test_docs.tiny_tokenizer`), is given instead.
+recognized"), so its name, GPT-2's byte-level split (`tests/helpers.tiny_tokenizer`), is given instead.
 
     python llama_cpp_converter.py CONVERTER.py SRC --outfile OUT.gguf --outtype f32 --no-mtp
 """

@@ -15,9 +15,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+pytest.importorskip("llama_cpp", reason="needs llama-cpp-python and gguf: make test-llama (.venv-llama)")
+
 from conftest import llama_cpp, llama_cpp_convert, run_gguf
-from local_models import MOE, NEW_TOKENS, PROMPTS, RTOL, SIZES, build, distance, transformers_answer
-from test_docs import tiny_tokenizer
+from helpers import tiny_tokenizer
+from local_models import MOE, NEW_TOKENS, PROMPTS, RTOL, SIZES, build, distance, parity_test
 
 from gated_qwen.conversion import convert
 
@@ -44,31 +47,8 @@ TEXTS = ["Gated attention removes the attention sink because the gate can close"
          "  two spaces, tabs\tand\nnew lines\n\n; unicode: héllo wörld — ünïcödé 東京 🚀"]
 
 
-@pytest.fixture(scope="module")
-def cases(tmp_path_factory) -> dict:
-    """name -> {"folder", "gguf", "transformers", "control"} for every case of CASES."""
-    root = tmp_path_factory.mktemp("llama-models")
-    built = {}
-    for name, fields in CASES.items():
-        folder = build(root / name, fields)
-        convert(folder, root / f"{name}.gguf", to_format="gguf")
-        built[name] = {"folder": folder, "gguf": root / f"{name}.gguf", "transformers": transformers_answer(folder),
-                       "control": transformers_answer(folder, gated=False) if fields.get("gate_position", 1) else None}
-    return built
-
-
-@pytest.mark.parametrize("name", CASES)
-def test_gguf_computes_transformers_logits_and_greedy_tokens(cases, name):
-    case = cases[name]
-    ran = llama_cpp("logits", case["gguf"], json.dumps(PROMPTS), NEW_TOKENS)
-    reference = case["transformers"]
-    error = distance(ran["logits"], reference["logits"])
-    print(f"{name}: max |logit difference| {error:.3g} (relative), greedy {ran['greedy'][0]}")
-    assert error <= RTOL, f"{name}: llama.cpp's logits are {error:.3g} from Transformers' (tolerance {RTOL})"
-    assert ran["greedy"] == reference["greedy"]
-    if case["control"] is not None:  # the comparison sees the gate: without it the logits are farther than RTOL
-        away = distance(case["control"]["logits"], reference["logits"])
-        assert distance(ran["logits"], case["control"]["logits"]) > RTOL and away > RTOL, (name, away)
+cases, test_gguf_computes_transformers_logits_and_greedy_tokens = parity_test(
+    "llama.cpp", "gguf", CASES, lambda gguf: llama_cpp("logits", gguf, json.dumps(PROMPTS), NEW_TOKENS))
 
 
 @pytest.mark.parametrize("name", ["g1_elementwise", "g1_headwise"])
@@ -79,7 +59,7 @@ def test_q8_0_quantization_by_llama_cpp(cases, tmp_path, name):
 
     case = cases[name]
     quantized = tmp_path / f"{name}-q8_0.gguf"
-    done = run_gguf("quantize", case["gguf"], quantized, "q8_0")
+    done = run_gguf("quantize", case["converted"], quantized, "q8_0")
     assert done.returncode == 0, done.stderr[-2000:]
     types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(quantized).tensors}
     assert types["blk.0.attn_q.weight"] == "Q8_0" and types["token_embd.weight"] == "Q8_0", types
@@ -166,7 +146,7 @@ def test_gguf_attention_layers_are_the_llama_cpp_converters(cases, tmp_path, nam
     _, to = exported(tmp_path, name)
     llama_cpp_convert(tmp_path / to, tmp_path / "converted.gguf")
     theirs = {t.name: np.asarray(t.data) for t in gguf.GGUFReader(tmp_path / "converted.gguf").tensors}
-    ours = {t.name: np.asarray(t.data) for t in gguf.GGUFReader(cases[name]["gguf"]).tensors}
+    ours = {t.name: np.asarray(t.data) for t in gguf.GGUFReader(cases[name]["converted"]).tensors}
     added = {n for n in ours if n.startswith(f"blk.{SIZES['num_hidden_layers']}.")}
     assert set(ours) - added == set(theirs)
     for tensor, data in theirs.items():

@@ -2,7 +2,11 @@
 (its reason names `make test-mlx`) runs whole in this environment's interpreter, those blocks included
 (`tests/test_docs.py` with `DOC_TEST_UNSKIP`; mlx-lm's commands on PATH)."""
 
-from docs_runner import pages_naming, run_page_with
+import pytest
+
+pytest.importorskip("mlx_lm", reason="needs mlx-lm: make test-mlx (.venv-mlx)")
+
+from docs_runner import pages_naming, run_page_with  # noqa: E402
 
 TARGET = "make test-mlx"
 

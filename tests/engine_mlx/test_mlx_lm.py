@@ -13,25 +13,25 @@ import json
 import subprocess
 import sys
 
-import mlx.core as mx
-import mlx_lm
 import numpy as np
 import pytest
-from local_models import (
+
+mlx_lm = pytest.importorskip("mlx_lm", reason="needs mlx-lm: make test-mlx (.venv-mlx)")
+
+import mlx.core as mx  # noqa: E402
+from helpers import text_file, tiny_tokenizer  # noqa: E402
+from local_models import (  # noqa: E402
     MOE,
     NEW_TOKENS,
     PROMPTS,
-    RTOL,
     build,
-    distance,
+    parity_test,
     train,
-    transformers_answer,
     transformers_perplexity,
     windows,
 )
-from test_docs import text_file, tiny_tokenizer
 
-from gated_qwen.conversion import convert
+from gated_qwen.conversion import convert  # noqa: E402
 
 # name -> config fields besides local_models.SIZES (a G1 sigmoid gate unless they say otherwise)
 CASES = {
@@ -70,32 +70,15 @@ def until_eos(tokens: list[int], eos: set[int]) -> list[int]:
     return next((tokens[:i] for i, token in enumerate(tokens) if token in eos), tokens)
 
 
-@pytest.fixture(scope="module")
-def cases(tmp_path_factory) -> dict:
-    """name -> {"mlx", "transformers", "control"} for every case of CASES."""
-    root = tmp_path_factory.mktemp("mlx-models")
-    built = {}
-    for name, fields in CASES.items():
-        folder = build(root / name, fields)
-        tiny_tokenizer(folder, vocab_size=320)  # mlx_lm.load reads the tokenizer beside the weights
-        convert(folder, root / f"{name}-mlx", to_format="mlx")
-        built[name] = {"mlx": root / f"{name}-mlx", "transformers": transformers_answer(folder),
-                       "control": transformers_answer(folder, gated=False) if fields.get("gate_position", 1) else None}
-    return built
+def not_stopped_at_once_by_an_eos(case, ran):
+    assert sum(map(len, ran["greedy"])) > NEW_TOKENS
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_mlx_lm_computes_transformers_logits_and_greedy_tokens(cases, name):
-    case = cases[name]
-    ran = mlx_answer(case["mlx"])
-    reference = case["transformers"]
-    error = distance(ran["logits"], reference["logits"])
-    print(f"{name}: max |logit difference| {error:.3g} (relative), greedy {ran['greedy'][0]}")
-    assert error <= RTOL, f"{name}: mlx-lm's logits are {error:.3g} from Transformers' (tolerance {RTOL})"
-    assert ran["greedy"] == [until_eos(tokens, ran["eos"]) for tokens in reference["greedy"]]
-    assert sum(map(len, ran["greedy"])) > NEW_TOKENS  # not stopped at once by an EOS
-    if case["control"] is not None:  # the comparison sees the gate: without it the logits are farther than RTOL
-        assert distance(ran["logits"], case["control"]["logits"]) > RTOL
+# mlx_lm.load reads the tokenizer beside the weights; stream_generate stops before an EOS token.
+cases, test_mlx_lm_computes_transformers_logits_and_greedy_tokens = parity_test(
+    "mlx-lm", "mlx", CASES, mlx_answer, tokenizer=True,
+    expected_greedy=lambda ran, reference: [until_eos(tokens, ran["eos"]) for tokens in reference["greedy"]],
+    also=not_stopped_at_once_by_an_eos)
 
 
 def test_the_folder_has_mlx_lms_architecture_and_layout(cases):
@@ -106,7 +89,7 @@ def test_the_folder_has_mlx_lms_architecture_and_layout(cases):
 
     for name, module, layer_type in [("g1_elementwise", qwen3_5, qwen3_5.DecoderLayer),
                                      ("moe_g1", qwen3_next, qwen3_next.Qwen3NextDecoderLayer)]:
-        model, config = load_model(cases[name]["mlx"], trust_remote_code=True)
+        model, config = load_model(cases[name]["converted"], trust_remote_code=True)
         assert type(model).__bases__ == (module.Model,) and config["full_attention_interval"] == 1
         assert all(type(layer) is layer_type and not layer.is_linear for layer in model.layers)
 
@@ -124,7 +107,7 @@ class MlxLmFailed(Exception):
 def test_mlx_lm_generates_without_the_model_file(cases, tmp_path, name):
     import shutil
 
-    folder = shutil.copytree(cases[name]["mlx"], tmp_path / "plain")
+    folder = shutil.copytree(cases[name]["converted"], tmp_path / "plain")
     config = json.loads((folder / "config.json").read_text())
     del config["model_file"]
     (folder / "config.json").write_text(json.dumps(config))

@@ -2,7 +2,11 @@
 ONNX Runtime (its reason names `make test-onnx`) runs whole in this environment's interpreter, those blocks included
 (`tests/test_docs.py` with `DOC_TEST_UNSKIP`)."""
 
-from docs_runner import pages_naming, run_page_with
+import pytest
+
+pytest.importorskip("onnxruntime", reason="needs onnx and onnxruntime: make test-onnx (.venv-onnx)")
+
+from docs_runner import pages_naming, run_page_with  # noqa: E402
 
 TARGET = "make test-onnx"
 

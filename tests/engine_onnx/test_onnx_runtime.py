@@ -26,24 +26,28 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import ort_greedy
-from local_models import (
+
+pytest.importorskip("onnxruntime", reason="needs onnx and onnxruntime: make test-onnx (.venv-onnx)")
+
+from conftest import ort_greedy  # noqa: E402
+from helpers import assert_refused, text_file, tiny_tokenizer  # noqa: E402
+from local_models import (  # noqa: E402
     MOE,
     NEW_TOKENS,
     PROMPTS,
     RTOL,
     build,
     distance,
+    parity_test,
     train,
     transformers_answer,
     transformers_perplexity,
     windows,
 )
-from test_docs import text_file, tiny_tokenizer
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM  # noqa: E402
 
-from gated_qwen.conversion import convert
-from gated_qwen.conversion.formats import onnx as onnx_format
+from gated_qwen.conversion import convert  # noqa: E402
+from gated_qwen.conversion.formats import onnx as onnx_format  # noqa: E402
 
 # name -> config fields besides local_models.SIZES (a G1 sigmoid elementwise gate unless they say otherwise)
 CASES = {
@@ -68,41 +72,27 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def cases(tmp_path_factory) -> dict:
-    """name -> {"folder", "onnx", "transformers", "control"} for every case of CASES."""
-    root = tmp_path_factory.mktemp("onnx-models")
-    built = {}
-    for name, fields in CASES.items():
-        folder = build(root / name, fields)
-        convert(folder, root / f"{name}-onnx", to_format="onnx")
-        gated = fields.get("gate_position", "sdpa") is not None
-        built[name] = {"folder": folder, "onnx": root / f"{name}-onnx", "transformers": transformers_answer(folder),
-                       "control": transformers_answer(folder, gated=False) if gated else None}
-    return built
-
-
 def whole_sequence_logits(folder, tokens: list[int]) -> np.ndarray:
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     with torch.no_grad():
         return model(torch.tensor([tokens])).logits[0].numpy()
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_onnx_runtime_computes_transformers_logits_and_greedy_tokens(cases, name):
-    case = cases[name]
-    runs = [ort_greedy(case["onnx"], prompt, NEW_TOKENS) for prompt in PROMPTS]
-    reference = case["transformers"]
-    error = distance([run["logits"] for run in runs], reference["logits"])
-    print(f"{name}: max |logit difference| {error:.3g} (relative), greedy {runs[0]['greedy']}")
-    assert error <= RTOL, f"{name}: ONNX Runtime's logits are {error:.3g} from Transformers' (tolerance {RTOL})"
-    assert [run["greedy"] for run in runs] == reference["greedy"]
-    for prompt, run in zip(PROMPTS, runs):  # each cached step's logits: Transformers' on the whole sequence
-        whole = whole_sequence_logits(case["folder"], prompt + run["greedy"])
+def ort_answer(folder) -> dict:
+    """`ort_greedy` of each prompt: its logits, greedy tokens and each cached step's logits."""
+    runs = [ort_greedy(folder, prompt, NEW_TOKENS) for prompt in PROMPTS]
+    return {key: [run[key] for run in runs] for key in ("logits", "greedy", "steps")}
+
+
+def each_cached_step_is_transformers_on_the_whole_sequence(case, ran):
+    for prompt, greedy, steps in zip(PROMPTS, ran["greedy"], ran["steps"]):
+        whole = whole_sequence_logits(case["folder"], prompt + greedy)
         positions = range(len(prompt) - 1, len(prompt) - 1 + NEW_TOKENS)
-        assert distance(run["steps"], [whole[p] for p in positions]) <= RTOL
-    if case["control"] is not None:  # the comparison sees the gate: without it the logits are farther than RTOL
-        assert distance([run["logits"] for run in runs], case["control"]["logits"]) > RTOL
+        assert distance(steps, [whole[p] for p in positions]) <= RTOL
+
+
+cases, test_onnx_runtime_computes_transformers_logits_and_greedy_tokens = parity_test(
+    "ONNX Runtime", "onnx", CASES, ort_answer, also=each_cached_step_is_transformers_on_the_whole_sequence)
 
 
 def test_a_left_padded_batch(cases):
@@ -114,8 +104,8 @@ def test_a_left_padded_batch(cases):
     mask = np.array([[0] * pad + [1] * len(short), [1] * len(long)])
     feed = {"input_ids": np.array([[0] * pad + short, long]), "attention_mask": mask,
             "position_ids": np.clip(mask.cumsum(-1) - 1, 0, None),
-            **onnx_format.empty_past(json.loads((case["onnx"] / "config.json").read_text()), 2)}
-    logits = onnx_format.session(case["onnx"]).run(["logits"], feed)[0]
+            **onnx_format.empty_past(json.loads((case["converted"] / "config.json").read_text()), 2)}
+    logits = onnx_format.session(case["converted"]).run(["logits"], feed)[0]
     reference = case["transformers"]["logits"]
     assert distance([logits[0, pad:], logits[1]], [reference[0], reference[2]]) <= RTOL
 
@@ -182,15 +172,10 @@ REFUSED = {  # name: (config fields, the message)
 def test_what_a_trace_cannot_keep_is_refused(tmp_path, capsys, case):
     """A traced sliding-window mask, or RoPE frequencies that change with the length, keep the lengths they were
     traced with (ONNX Runtime fails, or computes another model, on others): refused in one line, nothing written."""
-    from gated_qwen.cli import main
-
     fields, message = REFUSED[case]
     folder = build(tmp_path / "gated", fields)
-    assert main(["convert", str(folder), str(tmp_path / "onnx"), "--to", "onnx"]) == 2
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.startswith("gated-qwen: error: ")]
-    assert len(lines) == 1 and message in lines[0] and "Traceback" not in err, err
-    assert not (tmp_path / "onnx").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".onnx.")]
+    assert_refused(capsys, ["convert", str(folder), str(tmp_path / "onnx"), "--to", "onnx"], message, tmp_path / "onnx",
+                   bars=True)
 
 
 # ORTModelForCausalLM takes the head size as hidden_size / num_attention_heads (run_optimum.py): models where it is.
@@ -240,7 +225,7 @@ def test_transformers_js_runs_the_folder(cases, name):
     """Transformers.js in Node (onnxruntime-node, CPU), given the folder's config as a Qwen3's
     (js/run_transformers_js.mjs says why)."""
     assert (JS / "node_modules" / ".installed").exists(), "`make test-onnx` installs tests/engine_onnx/js/node_modules"
-    check_javascript_run(cases[name], ["node", str(JS / "run_transformers_js.mjs"), str(cases[name]["onnx"]),
+    check_javascript_run(cases[name], ["node", str(JS / "run_transformers_js.mjs"), str(cases[name]["converted"]),
                                        json.dumps(PROMPTS), str(NEW_TOKENS)], f"Transformers.js in Node, {name}")
 
 
@@ -252,5 +237,5 @@ def test_transformers_js_runs_the_folder_in_a_browser(cases, name):
     """Transformers.js's web build in headless Chromium, on onnxruntime-web's WebAssembly backend, served on loopback
     (js/run_in_browser.py, js/page.html)."""
     assert (JS / "node_modules" / ".installed").exists(), "`make test-onnx` installs tests/engine_onnx/js/node_modules"
-    check_javascript_run(cases[name], [sys.executable, str(JS / "run_in_browser.py"), str(cases[name]["onnx"]),
+    check_javascript_run(cases[name], [sys.executable, str(JS / "run_in_browser.py"), str(cases[name]["converted"]),
                                        json.dumps(PROMPTS), str(NEW_TOKENS)], f"Transformers.js in Chromium, {name}")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import TINY, cli_runs_in_namespace, one_line, private_namespace, refused, tree
+from helpers import TINY, assert_refused, cli_runs_in_namespace, private_namespace, refusal_line, tree
 from safetensors.torch import save_file
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -82,7 +82,7 @@ DATA_LOSS = {  # command line (run in elsewhere/) -> how the refusal names what 
 def test_no_command_writes_into_over_or_around_its_input(workspace, capsys, case):
     args, message = DATA_LOSS[case]
     before = tree(workspace)
-    refused(capsys, args, message)
+    assert_refused(capsys, args, message)
     assert tree(workspace) == before
 
 
@@ -103,9 +103,9 @@ def test_a_bind_mount_of_an_input_is_recognised(tmp_path):
         ["convert", f"{a}/m", b, "--from", "qwen3", "--overwrite"],
         ["eval-ppl", model, "--lengths", "8", "--out", f"{alias}/config.json", "--overwrite"],
     ])
-    one_line(answers[0], f"DST '{b}/m' is the input '{a}/m'")
-    one_line(answers[1], f"DST '{b}' contains the input '{a}/m'")
-    one_line(answers[2], f"--out '{alias}/config.json' is '{model}/config.json', which the input '{model}' holds")
+    refusal_line(**answers[0], message=f"DST '{b}/m' is the input '{a}/m'")
+    refusal_line(**answers[1], message=f"DST '{b}' contains the input '{a}/m'")
+    refusal_line(**answers[2], message=f"--out '{alias}/config.json' is '{model}/config.json', which the input '{model}' holds")
     assert tree(tmp_path) == before
 
 
@@ -117,7 +117,7 @@ def test_a_hard_link_to_an_input_file_is_refused(tmp_path, capsys):
     os.link(tmp_path / "model" / "config.json", tmp_path / "alias" / "config.json")
     before = tree(tmp_path)
     capsys.readouterr()
-    refused(capsys, ["eval-ppl", str(tmp_path / "model"), "--lengths", "8", "--out",
+    assert_refused(capsys, ["eval-ppl", str(tmp_path / "model"), "--lengths", "8", "--out",
                      str(tmp_path / "alias" / "config.json"), "--overwrite"],
             f"is '{tmp_path}/model/config.json', which the input '{tmp_path}/model' holds")
     assert tree(tmp_path) == before
@@ -155,9 +155,9 @@ def test_links_at_any_depth_are_inputs(tmp_path, capsys):
     (tmp_path / "model" / "notes" / "deeper" / "report.md").symlink_to(tmp_path / "analysis" / "report.md")
     before = tree(tmp_path)
     capsys.readouterr()
-    refused(capsys, ["convert", str(src), str(old), "--from", "qwen3", "--overwrite"],
+    assert_refused(capsys, ["convert", str(src), str(old), "--from", "qwen3", "--overwrite"],
             f"DST {str(old)!r} contains '{src}/shards/{shards[0]}', which the input {str(src)!r} holds")
-    refused(capsys, ["analyze", str(tmp_path / "model"), "--out", str(tmp_path / "analysis"), "--overwrite"],
+    assert_refused(capsys, ["analyze", str(tmp_path / "model"), "--out", str(tmp_path / "analysis"), "--overwrite"],
             f"contains '{tmp_path}/model/notes/deeper/report.md', which the input '{tmp_path}/model' holds")
     assert tree(tmp_path) == before
 
@@ -169,7 +169,7 @@ def test_a_card_never_writes_through_a_link(tmp_path, capsys):
     weights = (model / "model.safetensors").read_bytes()
     (model / "README.md").symlink_to("model.safetensors")
     capsys.readouterr()
-    refused(capsys, ["card", str(model)], "already exists; pass --overwrite")
+    assert_refused(capsys, ["card", str(model)], "already exists; pass --overwrite")
     assert main(["card", str(model), "--overwrite"]) == 0
     assert not (model / "README.md").is_symlink() and (model / "README.md").read_text().startswith("---\n")
     assert (model / "model.safetensors").read_bytes() == weights
@@ -195,8 +195,8 @@ def test_nothing_is_written_into_a_hugging_face_cache(tmp_path, capsys):
     GatedQwenForCausalLM(GatedQwenConfig(**TINY)).save_pretrained(tmp_path / "model")
     before = tree(tmp_path)
     capsys.readouterr()
-    refused(capsys, ["card", str(snapshot), "--overwrite"], "lies inside the Hugging Face cache")
-    refused(capsys, ["eval-ppl", str(tmp_path / "model"), "--lengths", "8", "--out", str(snapshot / "rows.json")],
+    assert_refused(capsys, ["card", str(snapshot), "--overwrite"], "lies inside the Hugging Face cache")
+    assert_refused(capsys, ["eval-ppl", str(tmp_path / "model"), "--lengths", "8", "--out", str(snapshot / "rows.json")],
             f"lies inside the Hugging Face cache '{tmp_path}/hub/models--me--tiny'")
     assert tree(tmp_path) == before
 
@@ -214,17 +214,17 @@ def test_no_output_is_the_hugging_face_cache_lies_in_it_or_holds_it(tmp_path, ca
     before, home_before = tree(tmp_path), tree(home)
     capsys.readouterr()
     model = str(tmp_path / "model")
-    refused(capsys, ["analyze", model, "--length", "8", "--out", str(hub), "--overwrite"],
+    assert_refused(capsys, ["analyze", model, "--length", "8", "--out", str(hub), "--overwrite"],
             f"--out {str(hub)!r} is the Hugging Face cache {str(hub)!r}")
-    refused(capsys, ["analyze", model, "--length", "8", "--out", str(hub / ".locks"), "--overwrite"],
+    assert_refused(capsys, ["analyze", model, "--length", "8", "--out", str(hub / ".locks"), "--overwrite"],
             f"lies inside the Hugging Face cache {str(hub)!r}")
-    refused(capsys, ["analyze", model, "--length", "8", "--out", str(hub / "analysis")],
+    assert_refused(capsys, ["analyze", model, "--length", "8", "--out", str(hub / "analysis")],
             f"lies inside the Hugging Face cache {str(hub)!r}")
-    refused(capsys, ["eval-ppl", model, "--lengths", "8", "--out", str(home / "rows.json")],
+    assert_refused(capsys, ["eval-ppl", model, "--lengths", "8", "--out", str(home / "rows.json")],
             f"lies inside the Hugging Face cache {str(home)!r}")
-    refused(capsys, ["analyze", model, "--length", "8", "--out", str(home), "--overwrite"],
+    assert_refused(capsys, ["analyze", model, "--length", "8", "--out", str(home), "--overwrite"],
             f"is the Hugging Face cache {str(home)!r}")
-    refused(capsys, ["analyze", model, "--length", "8", "--out", str(home.parent), "--overwrite"],
+    assert_refused(capsys, ["analyze", model, "--length", "8", "--out", str(home.parent), "--overwrite"],
             f"contains the Hugging Face cache {str(home)!r}")
     assert tree(tmp_path) == before and tree(home) == home_before
 
@@ -240,9 +240,9 @@ def test_an_input_given_as_a_link_is_its_target(tmp_path, capsys):
     (tmp_path / "links" / "tokens").symlink_to(tmp_path / "tokens.safetensors")
     before = tree(tmp_path)
     capsys.readouterr()
-    refused(capsys, ["analyze", str(tmp_path / "links" / "model"), "--length", "8", "--out", str(model), "--overwrite"],
+    assert_refused(capsys, ["analyze", str(tmp_path / "links" / "model"), "--length", "8", "--out", str(model), "--overwrite"],
             f"--out {str(model)!r} is the input {str(tmp_path / 'links' / 'model')!r}")
-    refused(capsys, ["eval-ppl", str(model), "--lengths", "8", "--tokens", str(tmp_path / "links" / "tokens"),
+    assert_refused(capsys, ["eval-ppl", str(model), "--lengths", "8", "--tokens", str(tmp_path / "links" / "tokens"),
                      "--out", str(tmp_path / "tokens.safetensors"), "--overwrite"],
             f"is the input {str(tmp_path / 'links' / 'tokens')!r}")
     assert tree(tmp_path) == before
@@ -276,12 +276,12 @@ def test_the_shards_an_index_names_outside_the_folder_are_inputs(tmp_path, capsy
     before = tree(tmp_path)
     capsys.readouterr()
     shown = f"'{model}/../shared/{shard.name}', which the input {str(model)!r} names"
-    refused(capsys, ["analyze", str(model), "--length", "8", "--out", str(shard.parent), "--overwrite"],
+    assert_refused(capsys, ["analyze", str(model), "--length", "8", "--out", str(shard.parent), "--overwrite"],
             f"--out {str(shard.parent)!r} contains {shown}")
-    refused(capsys, ["eval-ppl", str(model), "--lengths", "8", "--out", str(shard), "--overwrite"],
+    assert_refused(capsys, ["eval-ppl", str(model), "--lengths", "8", "--out", str(shard), "--overwrite"],
             f"--out {str(shard)!r} is {shown}")
-    refused(capsys, ["convert", str(model), str(shard.parent), "--to", "release", "--overwrite"],
+    assert_refused(capsys, ["convert", str(model), str(shard.parent), "--to", "release", "--overwrite"],
             f"DST {str(shard.parent)!r} contains {shown}")
-    refused(capsys, ["convert", str(model), str(tmp_path / "release"), "--to", "release"],
+    assert_refused(capsys, ["convert", str(model), str(tmp_path / "release"), "--to", "release"],
             "names weight files outside the folder (['../shared/")
     assert tree(tmp_path) == before

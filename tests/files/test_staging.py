@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import TINY, cli_runs_in_namespace, one_line, private_namespace, refused, run_in_namespace, tree
+from helpers import TINY, assert_refused, cli_runs_in_namespace, private_namespace, refusal_line, run_in_namespace, tree
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from gated_qwen.cli import main
@@ -145,7 +145,7 @@ def test_staging_folders_of_killed_runs_are_removed_or_put_back(tmp_path, capsys
     assert f"restored {target}" in capsys.readouterr().out
     assert staging_folders(tmp_path) == [] and tree(target) == before
 
-    refused(capsys, ["convert", "--clean", str(target), str(tmp_path / "qwen3")], "--clean PATH takes no other")
+    assert_refused(capsys, ["convert", "--clean", str(target), str(tmp_path / "qwen3")], "--clean PATH takes no other")
 
 
 HOLDER = """
@@ -321,7 +321,7 @@ def test_a_full_disk_while_writing_is_said_plainly_and_leaves_nothing(tmp_path):
     disk.mkdir()
     (answer,) = cli_runs_in_namespace(f"mount -t tmpfs -o size=64k tmpfs {disk}", [
         ["convert", str(tmp_path / "qwen3"), str(disk / "out"), "--from", "qwen3", "--no-verify"]])
-    one_line(answer, f"No space left on the device that holds {str(disk)!r} while writing DST '{disk}/out'; the "
+    refusal_line(answer["code"], answer["err"], f"No space left on the device that holds {str(disk)!r} while writing DST '{disk}/out'; the "
                      "partial output was removed")
     assert list(disk.iterdir()) == []
 
@@ -339,7 +339,7 @@ def test_a_mounted_destination_is_refused_before_staging(tmp_path):
         f"touch {tmp_path}/old/inner/precious",
         [["convert", str(tmp_path / "qwen3"), str(tmp_path / "dst"), "--from", "qwen3"],
          ["convert", str(tmp_path / "qwen3"), str(tmp_path / "old"), "--from", "qwen3", "--overwrite"]])
-    one_line(answers[0], f"DST '{tmp_path}/dst' is a mount point, which cannot be replaced by renaming")
-    one_line(answers[1], f"DST '{tmp_path}/old' contains the mount point '{tmp_path}/old/inner'")
+    refusal_line(**answers[0], message=f"DST '{tmp_path}/dst' is a mount point, which cannot be replaced by renaming")
+    refusal_line(**answers[1], message=f"DST '{tmp_path}/old' contains the mount point '{tmp_path}/old/inner'")
     assert "qwen3 -> gated_qwen" not in answers[0]["err"] + answers[1]["err"]  # refused before any work
     assert tree(tmp_path) == before

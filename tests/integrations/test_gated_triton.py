@@ -15,7 +15,7 @@ import torch
 
 pytest.importorskip("triton", reason="needs the triton extra: pip install 'gated-qwen[triton]'")
 
-from helpers import KernelLaunch, kernel_launches
+from helpers import SMALL, KernelLaunch, kernel_launches, sizes
 from transformers import DataCollatorWithFlattening
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, kernel
@@ -31,10 +31,7 @@ TOL = 2e-5  # fp32; the fused kernel multiplies its fp32 accumulator, sdpa the r
 
 
 def tiny(**overrides) -> GatedQwenConfig:
-    fields = {"vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": LAYERS, "num_attention_heads": 4,
-                  "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 256, "tie_word_embeddings": False}
-    fields.update(overrides)
-    return GatedQwenConfig(**fields)
+    return GatedQwenConfig(**sizes(SMALL, vocab_size=VOCAB, num_hidden_layers=LAYERS, **overrides))
 
 
 def model_pair(seed=0, **overrides):

@@ -10,7 +10,7 @@ import torch
 
 pytest.importorskip("triton", reason="needs the triton extra: pip install 'gated-qwen[triton]'")
 
-from helpers import KernelLaunch, kernel_launches
+from helpers import SMALL, KernelLaunch, kernel_launches, sizes
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, kernel
 from gated_qwen.kernel import attention, inputs, parallel
@@ -27,9 +27,7 @@ TOL = 2e-5 if DTYPE == torch.float32 else 3e-2
 
 def model_pair(seed=0, **overrides):
     """(sdpa model, gated_triton model), same random weights, eval mode."""
-    fields = {"vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 256,
-              "tie_word_embeddings": False} | overrides
+    fields = sizes(SMALL, vocab_size=VOCAB, **overrides)
     torch.manual_seed(seed)
     sdpa = GatedQwenForCausalLM(GatedQwenConfig(**fields)).to(DEVICE, DTYPE)
     sdpa.set_attn_implementation("sdpa")

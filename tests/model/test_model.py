@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import SMALL, randomize_, sizes
+from helpers import SMALL, gate_variants, randomize_, sizes
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -235,30 +235,7 @@ def paper_attention(attn, config, x, cos, sin):
     return out
 
 
-VARIANTS = {
-    "G1-elementwise": dict(),
-    "G1-headwise": dict(gate_granularity="headwise"),
-    "G1-shared": dict(gate_shared_across_heads=True),
-    "G1-shared-headwise": dict(gate_shared_across_heads=True, gate_granularity="headwise"),
-    "G1-additive-silu": dict(gate_combine="add", gate_activation="silu"),
-    "G1-additive-identity": dict(gate_combine="add", gate_activation="identity"),
-    "G1-multiplicative-silu": dict(gate_activation="silu"),
-    "G1-ns-sigmoid": dict(gate_activation="ns_sigmoid"),
-    "G1-input-independent": dict(gate_input_dependent=False),
-    "G1-bias": dict(gate_bias=True),
-    "G2-elementwise": dict(gate_position="G2"),
-    "G2-headwise": dict(gate_position="value", gate_granularity="headwise"),
-    "G2-shared": dict(gate_position="value", gate_shared_across_heads=True),
-    "G3-elementwise": dict(gate_position="G3"),
-    "G3-headwise": dict(gate_position="key", gate_granularity="headwise"),
-    "G4-elementwise": dict(gate_position="G4"),
-    "G4-headwise": dict(gate_position="query", gate_granularity="headwise"),
-    "G5": dict(gate_position="G5"),
-    "G5-additive": dict(gate_position="dense", gate_combine="add", gate_activation="silu"),
-    "control-rmsnorm": dict(gate_position=None, sdpa_output_transform="rmsnorm"),
-    "control-silu": dict(gate_position=None, sdpa_output_transform="silu"),
-    "baseline": dict(gate_position=None),
-}
+VARIANTS = gate_variants()
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))

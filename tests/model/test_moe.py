@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import SMALL, TINY_MOE, randomize_, sizes
+from helpers import SMALL, TINY_MOE, gate_variants, randomize_, sizes
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -310,7 +310,8 @@ def rope(x: torch.Tensor, theta: float) -> torch.Tensor:
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
-G1_ACTIVATIONS = {"sigmoid": torch.sigmoid, "silu": F.silu, "ns_sigmoid": lambda z: 0.5 + 0.5 * torch.sigmoid(z)}
+G1_ACTIVATIONS = {"sigmoid": torch.sigmoid, "silu": F.silu, "ns_sigmoid": lambda z: 0.5 + 0.5 * torch.sigmoid(z),
+                  "identity": lambda z: z}
 
 
 def reference_forward(model: GatedQwenMoeForCausalLM, input_ids: torch.Tensor):
@@ -371,14 +372,7 @@ def reference_forward(model: GatedQwenMoeForCausalLM, input_ids: torch.Tensor):
     return x @ p["lm_head.weight"].T, routers
 
 
-G1_VARIANTS = {
-    "elementwise": dict(),
-    "headwise": dict(gate_granularity="headwise"),
-    "head-shared": dict(gate_shared_across_heads=True),
-    "additive-silu": dict(gate_combine="add", gate_activation="silu"),
-    "elementwise-silu": dict(gate_activation="silu"),
-    "ns-sigmoid": dict(gate_activation="ns_sigmoid"),
-    "input-independent": dict(gate_input_dependent=False),
+G1_VARIANTS = {name: fields for name, fields in gate_variants().items() if name.startswith("G1-")} | {
     "bias-shared-expert-dense-layer": dict(gate_bias=True, shared_expert_intermediate_size=24, num_hidden_layers=3,
                                            mlp_only_layers=[1], norm_topk_prob=True),
 }

@@ -31,7 +31,7 @@ from huggingface_hub.errors import StrictDataclassError
 from ..files import CONFIG_VALUE_ERRORS, OutputError, clean_stale, clean_stale_scratch, output_file, output_folder, say
 from . import plans
 from .errors import CheckpointFormatError, ConversionError, VerificationError
-from .format import Format
+from .format import FileWriting, Format
 from .formats import FORMATS, FROM_FORMATS, GATED, TO_FORMATS, export_options, taking
 from .io import Checkpoint, carry_files, files_to_carry, own_code, parse_size, write_weights
 from .plans import gated_config
@@ -75,8 +75,8 @@ def _request(from_format, to_format, add_gate, options: dict) -> _Request:
         raise ConversionError(f"{'--to' if export else '--from'} {name!r} is not a format; choose one of "
                               f"{', '.join(choices)}.")
     fmt = FORMATS[name]
-    if add_gate is not None and (export or not fmt.takes_gate):
-        gated = " and ".join(f"`--from {f}`" for f in FROM_FORMATS if FORMATS[f].takes_gate)
+    if add_gate is not None and (export or not fmt.reading.takes_gate):
+        gated = " and ".join(f"`--from {f}`" for f in FROM_FORMATS if FORMATS[f].reading.takes_gate)
         raise ConversionError(f"--add-gate applies to {gated} only (stock checkpoints without a gate).")
     options = {option: value for option, value in options.items() if value is not None and value is not False}
     known = export_options()
@@ -127,13 +127,14 @@ def _refusals_as_conversion_errors(flag: str) -> Iterator[None]:
 def _import_plan(fmt: Format, ckpt, add_gate):
     """`(GatedQwen config, plan)` of reading `ckpt` in format `fmt`, with `add_gate` where the format takes one."""
 
-    if ckpt.config.get("model_type") not in fmt.reads:
+    reading = fmt.reading
+    if ckpt.config.get("model_type") not in reading.reads:
         raise ConversionError(f"SRC has model_type={ckpt.config.get('model_type')!r}; `--from {fmt.name}` reads "
-                              f"model_type {' or '.join(repr(t) for t in fmt.reads)}.")
-    config = gated_config(fmt.config_fields(ckpt.config, parse_gate(add_gate) if add_gate is not None else None))
+                              f"model_type {' or '.join(repr(t) for t in reading.reads)}.")
+    config = gated_config(reading.config_fields(ckpt.config, parse_gate(add_gate) if add_gate is not None else None))
     config.dtype = source_dtype(ckpt.config)
-    if fmt.check is not None:
-        fmt.check(ckpt.config, config, {tensor: info.shape for tensor, info in ckpt.tensors.items()})
+    if reading.check is not None:
+        reading.check(ckpt.config, config, {tensor: info.shape for tensor, info in ckpt.tensors.items()})
     return config, plans.plan_import(fmt, ckpt, config)  # looked up at the call (tests replace it)
 
 
@@ -143,7 +144,7 @@ def _plan(request: _Request, ckpt):
 
     try:
         if request.export:
-            return request.fmt.export(ckpt, **request.options)
+            return request.fmt.writing.plan(ckpt, **request.options)
         return _import_plan(request.fmt, ckpt, request.add_gate)
     except (ConversionError, CheckpointFormatError):
         raise
@@ -206,7 +207,8 @@ def _write(request: _Request, ckpt, config, plan, folder: Path, shard_size: int 
     """Writes config.json and the weights of `plan` into `folder`, each checked against the other."""
 
     _write_config(config, folder, request.result)
-    for name, text in (request.result.files(config) if request.result.files else {}).items():
+    files = request.fmt.writing.files if request.export else None
+    for name, text in (files(config) if files else {}).items():
         (folder / name).write_text(text)
     check_plan(plan, request.result, folder)
     write_weights(plan, folder, shard_size or max(1, ckpt.largest_file_bytes // 2),
@@ -237,12 +239,12 @@ def _report(request: _Request, dst: Path, result_kind: str, plan: dict, copied: 
 
 def _write_file(request: _Request, src, dst, *, overwrite: bool, allow_pickle: bool, verify: bool | None,
                 folder_options: dict[str, bool]) -> Path:
-    """An export that is not a folder of safetensors: one file (`Format.write_file`, e.g. GGUF) or a folder of the
-    format's own files (`Format.write_folder`, e.g. ONNX, with SRC's tokenizer and generation files carried beside
-    them), written whole or not at all, the source's structure checked first and `--verify` against the format's own
-    reader; none of a safetensors folder's options."""
+    """An export that is not a folder of safetensors (`FileWriting`): one file (e.g. GGUF) or a folder of the
+    format's own files (e.g. ONNX, with SRC's tokenizer and generation files carried beside them), written whole or
+    not at all, the source's structure checked first and `--verify` against the format's own reader; none of a
+    safetensors folder's options."""
 
-    folder = request.fmt.write_folder is not None
+    folder = request.fmt.writing.folder
     given = [flag for flag, used in folder_options.items() if used]
     if given:
         writes = "its own files, not safetensors" if folder else "one file"
@@ -257,8 +259,7 @@ def _write_file(request: _Request, src, dst, *, overwrite: bool, allow_pickle: b
         check_source(ckpt, request.source)
         _check_memory(request, ckpt, None if folder else {}, None, verify)
         verify = _verify_by_default(ckpt) if verify is None else verify
-        write = request.fmt.write_folder if folder else request.fmt.write_file
-        vocab_size, report = write(ckpt, tmp, **request.options)
+        vocab_size, report = request.fmt.writing.write(ckpt, tmp, **request.options)
         carry_files(carried, tmp)
         if verify:
             _verify(request, src, tmp, {"vocab_size": vocab_size}, allow_pickle)
@@ -297,7 +298,7 @@ def convert(
     verification fails; nothing is written then.
     """
     request = _request(from_format, to_format, add_gate, export_options)
-    if request.export and (request.fmt.write_file is not None or request.fmt.write_folder is not None):
+    if request.export and isinstance(request.fmt.writing, FileWriting):
         return _write_file(request, src, dst, overwrite=overwrite, allow_pickle=allow_pickle, verify=verify,
                            folder_options={"--max-shard-size": max_shard_size is not None, "--carry-code": carry_code})
 

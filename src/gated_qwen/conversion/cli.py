@@ -54,7 +54,7 @@ def register(subparsers) -> None:
                            help=f"import SRC in FORMAT ({', '.join(FROM_FORMATS)}) into gated_qwen")
     direction.add_argument("--to", dest="to_format", choices=TO_FORMATS, metavar="FORMAT",
                            help=f"export the gated_qwen SRC to FORMAT ({', '.join(TO_FORMATS)})")
-    gated = " or ".join(f for f in FROM_FORMATS if FORMATS[f].takes_gate)
+    gated = " or ".join(f for f in FROM_FORMATS if FORMATS[f].reading.takes_gate)
     parser.add_argument("--add-gate", metavar="VARIANT", default=None,
                         help=f"with --from {gated}: add a gate initialised so the logits do not change; "
                              "'elementwise', 'headwise' (G1 sigmoid) or a JSON object of gate fields")

@@ -5,7 +5,7 @@ The code a saved folder ships reads gated_qwen folders only; `read_other_formats
 calls, gives the package's classes (`GatedQwenConfig`, `GatedQwenPreTrainedModel` and their subclasses) a
 `get_config_dict` and a `_read_pretrained` (the loading step of the shipped `from_pretrained`) that also read these
 formats. For such a folder they translate config.json
-(`Format.config_fields`) and load the tensors with the format's rules turned into `WeightConverter`s.
+(`Reading.config_fields`) and load the tensors with the format's rules turned into `WeightConverter`s.
 Transformers looks conversions up by the class of the model it builds, so the folder is loaded through a *reading
 class*: a subclass of the requested class, one per (class, format), whose name the format's converters are
 registered under; the loaded model is then given back its own class, so it computes, saves (in the gated_qwen
@@ -15,7 +15,7 @@ way the shipped `from_pretrained` refuses a folder that lacks a gate tensor its 
 shape, rather than starting that gate at random.
 
 A local folder's tensors are checked against its config.json from the safetensors headers before anything is read
-(`Format.check` and the structural check of `structure.py`), so a mismatch is one error that names the
+(`Reading.check` and the structural check of `structure.py`), so a mismatch is one error that names the
 tensor, not Transformers' conversion report. Quantized loading (`quantization_config`) reads gated_qwen folders
 only: Transformers' quantizers take one tensor per conversion, and these conversions make several of one (the gate
 rows of a packed q_proj); such a folder is refused, naming `gated-qwen convert`.
@@ -87,13 +87,13 @@ def gated_config_dict(config_dict: dict, kwargs: dict) -> dict:
     among `kwargs` (removed from it) add a gate to a stock Qwen3 / Qwen3-MoE model."""
     fmt = format_of(config_dict)
     gate = {field: kwargs.pop(field) for field in FIELDS if field in kwargs}
-    if gate and not fmt.takes_gate:
+    if gate and not fmt.reading.takes_gate:
+        takers = " or ".join(name for name, f in FORMATS.items() if f.imports and f.reading.takes_gate)
         raise CheckpointFormatError(
-            f"gate fields {sorted(gate)} can only be added to a folder in the "
-            f"{' or '.join(name for name, f in FORMATS.items() if f.takes_gate)} format; this folder is in "
+            f"gate fields {sorted(gate)} can only be added to a folder in the {takers} format; this folder is in "
             f"the {fmt.name} format ({fmt.summary}), whose gate is given by its checkpoint."
         )
-    fields = fmt.config_fields(config_dict, gate or None)
+    fields = fmt.reading.config_fields(config_dict, gate or None)
     if gate:
         logger.warning_once(A7_NOTE)
     dtype = source_dtype(config_dict)
@@ -137,8 +137,8 @@ def check_folder(folder: Path, fmt: Format, config) -> None:
 
     ckpt = Checkpoint(folder)
     shapes = {tensor: info.shape for tensor, info in ckpt.tensors.items()}
-    if fmt.check is not None:
-        fmt.check(ckpt.config, config, shapes)
+    if fmt.reading.check is not None:
+        fmt.reading.check(ckpt.config, config, shapes)
     problem = source_problem(fmt, ckpt.config, shapes, config)
     if problem:
         raise CheckpointFormatError(f"the weights in {str(folder)!r} do not match its config.json: {problem}.")
@@ -153,10 +153,10 @@ def reading_class(model_class: type, fmt: Format) -> type:
         "__module__": model_class.__module__,
         "__doc__": f"{model_class.__name__} reading a folder in the {fmt.name} format (gated_qwen.conversion.loading).",
         "_keys_to_ignore_on_load_unexpected": [*(model_class._keys_to_ignore_on_load_unexpected or []),
-                                               *(rf"^{prefix}" for prefix in fmt.ignored)],
+                                               *(rf"^{prefix}" for prefix in fmt.reading.ignored)],
     })
     register_checkpoint_conversion_mapping(
-        reading.__name__, [WeightConverter(rule.source, list(rule.targets), [ApplyRule(rule)]) for rule in fmt.rules],
+        reading.__name__, [WeightConverter(rule.source, list(rule.targets), [ApplyRule(rule)]) for rule in fmt.reading.rules],
         overwrite=True)
     return reading
 

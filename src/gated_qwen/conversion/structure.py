@@ -5,7 +5,7 @@
 - The plan writes every parameter the target model has exactly once, with the shape the *written* config.json
   implies, and nothing else (`check_plan`); the model is built on the `meta` device from that config: the class
   that reads the format (GatedQwen or GatedQwen-MoE, or for an export the stock Transformers class), or, for a
-  format no class reads, the tensors its `Format.tensor_shapes` lists (the release: Qwen3's layout with the gate
+  format no class reads, the tensors its `OwnModel.tensor_shapes` lists (the release: Qwen3's layout with the gate
   rows packed into `q_proj`).
 - The files written hold exactly the plan (`check_written`: names, shapes and dtypes from the safetensors headers
   and the index).
@@ -96,8 +96,8 @@ def compare(found: dict[str, Shape], layout: list[list[dict[str, Shape]]], *, un
 def tensor_layout(fmt: Format, config_dict: dict) -> list[list[dict[str, Shape]]]:
     """The layout (`model_layout`) of the model of format `fmt` that `config_dict` (a config.json) describes."""
 
-    if fmt.tensor_shapes is not None:  # a format no Transformers class reads
-        return [[{name: shape}] for name, shape in fmt.tensor_shapes(config_dict).items()]
+    if fmt.model is not None:  # a format no Transformers class reads
+        return [[{name: shape}] for name, shape in fmt.model.tensor_shapes(config_dict).items()]
     cls = model_class(config_dict.get("model_type"))
     return model_layout(cls, config_from_dict(cls.config_class, config_dict, "SRC's config.json", ConversionError))
 
@@ -114,7 +114,7 @@ def source_problem(fmt: Format, config_dict: dict, found: dict[str, Shape], conf
         parts = name.split(".")
         layer = int(parts[parts.index("layers") + 1]) if "layers" in parts[:-1] else None
         holds_gate = any(name.endswith(rule.source) and any(".gate." in target for target in rule.targets)
-                         for rule in fmt.rules)
+                         for rule in (fmt.reading.rules if fmt.reading else ()))
         if holds_gate and layer in layers:
             return f"{name} (which holds layer {layer}'s gate as well as its queries: without it the gate cannot be read)"
         return name

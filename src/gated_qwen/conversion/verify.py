@@ -2,7 +2,7 @@
 
 Both run in float32 with eager attention, each through the reference of its format: the class that reads it
 (`GatedQwenForCausalLM` / `GatedQwenMoeForCausalLM`, or the stock Transformers class: `Qwen3ForCausalLM`,
-`Qwen3MoeForCausalLM`, `Qwen3_5ForCausalLM`, `Qwen3NextForCausalLM`), or the format's own `Format.logits` where no
+`Qwen3MoeForCausalLM`, `Qwen3_5ForCausalLM`, `Qwen3NextForCausalLM`), or the format's own `OwnModel.logits` where no
 class reads it (the paper's release: `release.release_logits`, the official forward written from its layout). A source that already produces NaN or infinite logits is reported as
 such, not as a conversion difference.
 """
@@ -17,6 +17,7 @@ import torch
 
 from ..files.reading import utf8_named
 from .errors import ConversionError, VerificationError
+from .format import FileWriting
 from .formats import model_class
 from .io import Checkpoint
 
@@ -41,10 +42,10 @@ def _logits(folder: Path, fmt: Format, input_ids: torch.Tensor, allow_pickle: bo
 
 
 
-    if fmt.logits is not None:  # a format no Transformers class reads
-        return fmt.logits(Checkpoint(folder, allow_pickle=allow_pickle), input_ids)
-    if fmt.file_logits is not None:  # a one-file format: `folder` is the file
-        return fmt.file_logits(Path(folder), input_ids)
+    if fmt.model is not None:  # a format no Transformers class reads
+        return fmt.model.logits(Checkpoint(folder, allow_pickle=allow_pickle), input_ids)
+    if isinstance(fmt.writing, FileWriting):  # the format's own files: `folder` is the file or their folder
+        return fmt.writing.logits(Path(folder), input_ids)
     cls = model_class(json.loads((Path(folder) / "config.json").read_text()).get("model_type"))
     model, info = cls.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager",
                                       output_loading_info=True, return_dict=True)  # whatever config.json says

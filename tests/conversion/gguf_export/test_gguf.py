@@ -15,9 +15,7 @@ pytest.importorskip("gguf", reason="needs the gguf extra: pip install 'gated-qwe
 
 import gguf
 import torch
-from conversion_helpers import cli_refuses
-from helpers import SMALL, TINY_MOE, randomize_, sizes
-from test_docs import tiny_tokenizer
+from helpers import SMALL, TINY_MOE, assert_refused, randomize_, sizes, tiny_tokenizer
 from transformers import AutoConfig
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, GatedQwenMoeConfig, GatedQwenMoeForCausalLM
@@ -221,17 +219,17 @@ REFUSED = {  # name: (config fields, the message)
 def test_what_llama_cpp_cannot_express_is_refused(tmp_path, capsys, case):
     changes, message = REFUSED[case]
     src = saved(tmp_path / "gated", sizes(DENSE, **changes))
-    cli_refuses(capsys, ["convert", str(src), str(tmp_path / "m.gguf"), "--to", "gguf"], message, tmp_path / "m.gguf")
+    assert_refused(capsys, ["convert", str(src), str(tmp_path / "m.gguf"), "--to", "gguf"], message, tmp_path / "m.gguf")
 
 
 def test_folder_options_outputs_in_src_and_foreign_tokenizers_are_refused(tmp_path, capsys):
     src = saved(tmp_path / "gated", DENSE)
     dst = tmp_path / "m.gguf"
-    cli_refuses(capsys, ["convert", str(src), str(dst), "--to", "gguf", "--max-shard-size", "1GB"],
+    assert_refused(capsys, ["convert", str(src), str(dst), "--to", "gguf", "--max-shard-size", "1GB"],
             "--max-shard-size apply to safetensors folder outputs", dst)
-    cli_refuses(capsys, ["convert", str(src), str(src / "m.gguf"), "--to", "gguf"], "lies inside the input", src / "m.gguf")
+    assert_refused(capsys, ["convert", str(src), str(src / "m.gguf"), "--to", "gguf"], "lies inside the input", src / "m.gguf")
     tiny_tokenizer(src, vocab_size=DENSE["vocab_size"])
     tokenizer = json.loads((src / "tokenizer.json").read_text())
     tokenizer["pre_tokenizer"] = {"type": "Whitespace"}
     (src / "tokenizer.json").write_text(json.dumps(tokenizer))
-    cli_refuses(capsys, ["convert", str(src), str(dst), "--to", "gguf"], "is not a byte-level BPE tokenizer", dst)
+    assert_refused(capsys, ["convert", str(src), str(dst), "--to", "gguf"], "is not a byte-level BPE tokenizer", dst)

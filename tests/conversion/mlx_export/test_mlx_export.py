@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conversion_helpers import cli_refuses
-from helpers import SMALL, TINY_MOE, randomize_, sizes
+from helpers import SMALL, TINY_MOE, assert_refused, randomize_, sizes
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, GatedQwenMoeConfig, GatedQwenMoeForCausalLM
 from gated_qwen.cli import main
@@ -102,4 +101,4 @@ REFUSED = {  # name: (config fields, the message)
 def test_what_mlx_lm_cannot_express_is_refused(tmp_path, capsys, case):
     changes, message = REFUSED[case]
     src = saved(tmp_path / "gated", sizes(DENSE, **changes))
-    cli_refuses(capsys, ["convert", str(src), str(tmp_path / "mlx"), "--to", "mlx"], message, tmp_path / "mlx")
+    assert_refused(capsys, ["convert", str(src), str(tmp_path / "mlx"), "--to", "mlx"], message, tmp_path / "mlx")

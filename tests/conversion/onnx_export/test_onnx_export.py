@@ -7,8 +7,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-from conversion_helpers import cli_refuses
-from helpers import SMALL, randomize_, sizes
+from helpers import SMALL, assert_refused, randomize_, sizes
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
 
@@ -20,7 +19,7 @@ DENSE = sizes(SMALL, vocab_size=320)
 def test_onnx_without_onnx_runtime_and_its_folder_options_are_refused(tmp_path, capsys):
     src = tmp_path / "gated"
     randomize_(GatedQwenForCausalLM(GatedQwenConfig(**DENSE))).save_pretrained(src)
-    cli_refuses(capsys, ["convert", str(src), str(tmp_path / "onnx"), "--to", "onnx"],
+    assert_refused(capsys, ["convert", str(src), str(tmp_path / "onnx"), "--to", "onnx"],
             "pip install 'gated-qwen[onnx]'", tmp_path / "onnx")
-    cli_refuses(capsys, ["convert", str(src), str(tmp_path / "onnx"), "--to", "onnx", "--max-shard-size", "1GB"],
+    assert_refused(capsys, ["convert", str(src), str(tmp_path / "onnx"), "--to", "onnx", "--max-shard-size", "1GB"],
             "--max-shard-size apply to safetensors folder outputs; --to onnx writes its own files", tmp_path / "onnx")

@@ -6,7 +6,8 @@ import json
 
 import pytest
 import torch
-from conversion_helpers import assert_nothing_written, load, logits, refuse
+from conversion_helpers import load, logits, refuse
+from helpers import assert_nothing_written
 
 from gated_qwen import GatedQwenForCausalLM
 from gated_qwen.conversion import VerificationError, convert

@@ -1,11 +1,10 @@
 """The checkpoint formats GatedQwen reads and writes besides its own, in one registry: one line per format.
 
 Each format is one `Format` object (`format.py`), defined in its own module here (`release.py`, `qwen3.py`,
-`qwen3_5.py`, `gguf.py`), which is all there is to know about it: its detection, config translation and tensor
-rules, export and its options, and the models that read and check it. Every list of formats or options in a
-message or help text is made from this registry. Standard library only: `gated-qwen convert --help` reads the registry
-without the model stack. `GATED` is this package's own format, the other end of every conversion.
-"""
+`qwen3_5.py`, `gguf.py`, `mlx.py`, `onnx.py`), which is all there is to know about it: its reading (detection, config
+translation, tensor rules), its writing (an export made of the steps of `export_steps.py`, and its options), and
+the models that read and check it. Every list of formats or options in a message or help text is made from this
+registry. `GATED` is this package's own format, the other end of every conversion."""
 
 from __future__ import annotations
 
@@ -30,8 +29,8 @@ FORMATS: dict[str, Format] = {fmt.name: fmt for fmt in (
 FROM_FORMATS = tuple(name for name, fmt in FORMATS.items() if fmt.imports)
 TO_FORMATS = tuple(name for name, fmt in FORMATS.items() if fmt.exports)
 
-GATED = Format("gated_qwen", "this package's own folders, dense or mixture-of-experts",
-               reads=("gated_qwen", "gated_qwen_moe"))
+GATED = Format("gated_qwen", "this package's own folders, dense or mixture-of-experts")
+GATED_TYPES = ("gated_qwen", "gated_qwen_moe")  # the model_types of GATED's folders
 
 
 def described(names) -> str:
@@ -53,9 +52,9 @@ def format_of(config: dict) -> Format | None:
     """The format `from_pretrained` reads a folder with this config.json in: None for a gated_qwen or
     gated_qwen_moe folder, else the first of `FORMATS` that detects it. Raises `CheckpointFormatError` for a model
     type no format reads."""
-    if GATED.reads_folder(config):
+    if config.get("model_type") in GATED_TYPES:
         return None
-    found = next((fmt for fmt in FORMATS.values() if fmt.reads_folder(config)), None)
+    found = next((fmt for fmt in FORMATS.values() if fmt.reading and fmt.reading.reads_folder(config)), None)
     if found is None:
         raise CheckpointFormatError(
             f"config.json has model_type={config.get('model_type')!r}; GatedQwen reads gated_qwen and "

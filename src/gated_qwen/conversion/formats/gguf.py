@@ -3,11 +3,11 @@ model as llama.cpp's Qwen3.5 architecture (`qwen35`), a GatedQwen-MoE as its Qwe
 with the `gguf` package (`pip install gated-qwen[gguf]`).
 
 Those architectures' full-attention layer is GatedQwen's G1 gate: `q_proj` holds `[q_h | gate_h]` per head and the
-attention output is multiplied by `sigmoid(gate)` before `o_proj`. The tensors are the `--to qwen3_5` /
-`--to qwen3_next` export's (`qwen3_5.py`: every G1 sigmoid gate written exactly as elementwise gate rows, and that
-export's refusals), under llama.cpp's names, with the RMSNorm weights as GatedQwen stores them (llama.cpp computes
-`x̂·w`; its converter adds the 1 that Qwen3.5 checkpoints leave out) and each mixture-of-experts layer's experts
-stacked into one tensor per projection.
+attention output is multiplied by `sigmoid(gate)` before `o_proj`. The export composes the steps of
+`export_steps.py` as `--to qwen3_5` / `--to qwen3_next` do (every G1 sigmoid gate written exactly as elementwise gate
+rows, and those exports' refusals), under llama.cpp's names, with the RMSNorm weights as GatedQwen stores them
+(llama.cpp computes `x̂·w`; its converter adds the 1 that Qwen3.5 checkpoints leave out) and each mixture-of-experts
+layer's experts stacked into one tensor per projection.
 
 One layer is added after the last: a Gated DeltaNet (linear-attention) layer whose output projections are zero, so
 it adds exactly 0 to the residual stream and the model computes what the source computes. llama.cpp needs it: both
@@ -40,10 +40,19 @@ from ...files import read_json_object, scratch_folder
 from ...model.configuration_gated_moe import GatedQwenMoeConfig
 from .. import io
 from ..errors import ConversionError, VerificationError, import_extra
-from ..format import Format
+from ..export_steps import (
+    check_qwen3_5_attention,
+    check_shared_expert,
+    exported_bias,
+    gate_rows_into_q_proj,
+    load_gated_config,
+    norms,
+    stacked_experts,
+    zero_biases,
+)
+from ..format import FileWriting, Format
 from ..io import TensorPlan, carry_files
-from ..plans import FINAL_NORM, LAYER_NORMS, load_gated_config
-from .qwen3_5 import plan_gated_to_qwen3_5, plan_gated_to_qwen3_next
+from ..plans import TensorMap, copy_rest
 
 if TYPE_CHECKING:
     import torch
@@ -117,33 +126,10 @@ def check_llama_cpp_can_run(config) -> None:
                                   "the top-k routing weights, so it would compute another model; nothing was written.")
 
 
-def _stacked(plans: list[TensorPlan]) -> TensorPlan:
-
-
-    return TensorPlan((len(plans), *plans[0].shape), plans[0].dtype,
-                      lambda: torch.stack([plan.make() for plan in plans]))
-
-
-def _part(plan: TensorPlan, rows: slice, shape: tuple[int, ...]) -> TensorPlan:
-
-    return TensorPlan(shape, plan.dtype, lambda: plan.make()[:, rows].contiguous())
-
-
 def _experts(plan: dict[str, TensorPlan], layer: int, num_experts: int) -> dict[str, TensorPlan]:
-    """The experts of `layer` in `plan` (one tensor per expert, or Transformers' stacked `gate_up_proj` and
-    `down_proj`) -> llama.cpp's stacked `ffn_{gate,up,down}_exps` `[E, out, in]`."""
-    prefix = f"model.layers.{layer}.mlp.experts."
-    blk = f"blk.{layer}."
-    if prefix + "gate_up_proj" in plan:
-        gate_up, down = plan.pop(prefix + "gate_up_proj"), plan.pop(prefix + "down_proj")
-        experts, rows, hidden = gate_up.shape
-        half = (experts, rows // 2, hidden)
-        return {blk + "ffn_gate_exps.weight": _part(gate_up, slice(0, rows // 2), half),
-                blk + "ffn_up_exps.weight": _part(gate_up, slice(rows // 2, rows), half),
-                blk + "ffn_down_exps.weight": down}
-    return {blk + f"ffn_{proj}_exps.weight": _stacked([plan.pop(f"{prefix}{e}.{proj}_proj.weight")
-                                                        for e in range(num_experts)])
-            for proj in ("gate", "up", "down")}
+    """The experts of `layer` in `plan` as llama.cpp's stacked `ffn_{gate,up,down}_exps` `[E, out, in]`."""
+    stacked = stacked_experts(plan, layer, num_experts)
+    return {f"blk.{layer}.ffn_{proj.removesuffix('_proj')}_exps.weight": tensor for proj, tensor in stacked.items()}
 
 
 def _zero_layer(config, layer: int) -> dict[str, TensorPlan]:
@@ -176,22 +162,27 @@ def _zero_layer(config, layer: int) -> dict[str, TensorPlan]:
 
 
 def plan_gguf(ckpt: Checkpoint):
-    """`(architecture, the equivalent Qwen3.5 / Qwen3-Next config, {gguf tensor name: TensorPlan})`: llama.cpp's
-    tensors in the order written, `FLOAT32_SUFFIXES` and 1-D tensors in float32, the others in the source's dtype
-    (float32 for a dtype GGUF has no type for)."""
-
-
+    """`(architecture, the gated_qwen config, {gguf tensor name: TensorPlan})`: llama.cpp's tensors in the order
+    written, `FLOAT32_SUFFIXES` and 1-D tensors in float32, the others in the source's dtype (float32 for a dtype
+    GGUF has no type for). The attention is Qwen3.5's (the G1 gate rows interleaved into `q_proj` per head, zero k/v
+    biases where only the gate has one), the norms as GatedQwen stores them (llama.cpp computes `x̂·w`)."""
     config = load_gated_config(ckpt, moe=True)
     check_llama_cpp_can_run(config)
     moe = isinstance(config, GatedQwenMoeConfig)
-    stock, plan = (plan_gated_to_qwen3_next if moe else plan_gated_to_qwen3_5)(ckpt)
-    for layer in range(config.num_hidden_layers):  # the norms as GatedQwen stores them (x̂·w), not zero-centred
-        for norm in LAYER_NORMS:
-            name = f"model.layers.{layer}.{norm}.weight"
-            plan[name] = _source(ckpt, name)
-    plan[FINAL_NORM] = _source(ckpt, FINAL_NORM)
-    for layer in range(config.num_hidden_layers):  # the export's zero o_proj bias (attention_bias is refused above)
-        plan.pop(f"model.layers.{layer}.self_attn.o_proj.bias", None)
+    if moe:
+        check_shared_expert(config)
+    check_qwen3_5_attention(config)
+    bias = exported_bias(config)  # a gate bias: attention_bias is refused above
+    tmap = TensorMap(ckpt)
+    for layer in range(config.num_hidden_layers):
+        gate_rows_into_q_proj(tmap, config, layer, width=config.head_dim, groups=config.num_attention_heads,
+                              bias=bias)
+        if bias:
+            zero_biases(tmap, layer, ("k_proj", "v_proj"))
+        norms(tmap, layer, zero_centred=False)
+    norms(tmap, None, zero_centred=False)
+    copy_rest(tmap, config)
+    plan = tmap.finish()
     embedding = ckpt.tensors["model.embed_tokens.weight"].dtype
     dtype = embedding if dtype_name(embedding) in FILE_TYPES else torch.float32
     tensors = {}
@@ -204,17 +195,11 @@ def plan_gguf(ckpt: Checkpoint):
     tensors.update({gguf_name(name): tensor for name, tensor in plan.items()})
     tensors.update(_zero_layer(config, config.num_hidden_layers))
     tensors = {name: _typed(name, tensor, dtype) for name, tensor in tensors.items()}
-    return ("qwen3next" if moe else "qwen35"), stock, tensors
+    return ("qwen3next" if moe else "qwen35"), config, tensors
 
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
-
-
-def _source(ckpt: Checkpoint, name: str) -> TensorPlan:
-
-    info = ckpt.tensors[name]
-    return TensorPlan(info.shape, info.dtype, lambda: ckpt.get(name))
 
 
 # Written in float32 whatever the model's dtype, as llama.cpp's converter writes them (and its quantizer keeps them):
@@ -231,22 +216,23 @@ def _typed(name: str, plan: TensorPlan, dtype: torch.dtype) -> TensorPlan:
 
 
 # ------------------------------------------------------------------------------------------------------ metadata
-def write_metadata(writer, arch: str, stock, layers: int, dtype: torch.dtype, name: str) -> None:
-    """llama.cpp's hyperparameters of `stock` (the equivalent Qwen3.5 / Qwen3-Next config) plus the added layer."""
+def write_metadata(writer, arch: str, config, layers: int, dtype: torch.dtype, name: str) -> None:
+    """llama.cpp's hyperparameters of the gated_qwen `config` (the same as those of the equivalent Qwen3.5 /
+    Qwen3-Next config) plus the added layer."""
     gguf = _gguf()
     writer.add_name(name)
     writer.add_file_type(getattr(gguf.LlamaFileType, FILE_TYPES[dtype_name(dtype)]))
     writer.add_block_count(layers + 1)
-    writer.add_context_length(stock.max_position_embeddings)
-    writer.add_embedding_length(stock.hidden_size)
-    writer.add_feed_forward_length(stock.intermediate_size)
-    writer.add_head_count(stock.num_attention_heads)
-    writer.add_head_count_kv(stock.num_key_value_heads)
-    writer.add_key_length(stock.head_dim)
-    writer.add_value_length(stock.head_dim)
-    writer.add_rope_freq_base(stock.rope_parameters["rope_theta"])
-    writer.add_rope_dimension_count(stock.head_dim)
-    writer.add_layer_norm_rms_eps(stock.rms_norm_eps)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_key_length(config.head_dim)
+    writer.add_value_length(config.head_dim)
+    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    writer.add_rope_dimension_count(config.head_dim)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_ssm_conv_kernel(LINEAR_CONV_KERNEL)
     writer.add_ssm_state_size(LINEAR_HEAD_DIM)
     writer.add_ssm_group_count(1)
@@ -255,13 +241,13 @@ def write_metadata(writer, arch: str, stock, layers: int, dtype: torch.dtype, na
     # Which layers are recurrent: only the added one (full_attention_interval cannot say that, so it is not written).
     writer.add_array(f"{arch}.attention.recurrent_layers", [False] * layers + [True])
     if arch == "qwen35":
-        fits = sum(QWEN3_5_ROPE_SECTIONS) <= stock.head_dim
+        fits = sum(QWEN3_5_ROPE_SECTIONS) <= config.head_dim
         writer.add_rope_dimension_sections(QWEN3_5_ROPE_SECTIONS if fits else [1, 1, 1, 0])
     else:
-        writer.add_expert_count(stock.num_experts)
-        writer.add_expert_used_count(stock.num_experts_per_tok)
-        writer.add_expert_feed_forward_length(stock.moe_intermediate_size)
-        writer.add_expert_shared_feed_forward_length(stock.shared_expert_intermediate_size)
+        writer.add_expert_count(config.num_experts)
+        writer.add_expert_used_count(config.num_experts_per_tok)
+        writer.add_expert_feed_forward_length(config.moe_intermediate_size)
+        writer.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
 
 
 def pre_tokenizer(tokenizer: dict) -> str | None:
@@ -341,7 +327,7 @@ def _add_vocabulary(writer, src: Path, vocab_size: int) -> None:
 
 
 # ------------------------------------------------------------------------------------------------------ writing
-def write_gguf(path: Path, arch: str, stock, tensors: dict[str, TensorPlan], src: Path, name: str) -> bool:
+def write_gguf(path: Path, arch: str, config, tensors: dict[str, TensorPlan], src: Path, name: str) -> bool:
     """Streams the GGUF into `path`: header, metadata and tensor index first, then one tensor at a time (memory:
     about the largest tensor). Returns whether a vocabulary was written."""
     import numpy as np
@@ -351,8 +337,8 @@ def write_gguf(path: Path, arch: str, stock, tensors: dict[str, TensorPlan], src
              torch.bfloat16: (gguf.GGMLQuantizationType.BF16, "uint16")}
     dtype = tensors["token_embd.weight"].dtype
     writer = gguf.GGUFWriter(path, arch)
-    write_metadata(writer, arch, stock, stock.num_hidden_layers, dtype, name)
-    vocabulary = write_vocabulary(writer, src, stock.vocab_size)
+    write_metadata(writer, arch, config, config.num_hidden_layers, dtype, name)
+    vocabulary = write_vocabulary(writer, src, config.vocab_size)
     for tensor_name, plan in tensors.items():
         raw, np_dtype = types[plan.dtype]
         writer.add_tensor_info(tensor_name, plan.shape, np.dtype(np_dtype), plan.nbytes, raw_dtype=raw)
@@ -480,19 +466,19 @@ def gguf_logits(path: Path, input_ids: torch.Tensor) -> torch.Tensor:
 
 
 def write(ckpt: Checkpoint, path: Path) -> tuple[int, str]:
-    """`gated-qwen convert SRC DST.gguf --to gguf` (`Format.write_file`): the GGUF of the gated_qwen checkpoint
+    """`gated-qwen convert SRC DST.gguf --to gguf` (`FileWriting.write`): the GGUF of the gated_qwen checkpoint
     `ckpt` written to `path` and read back (exactly the planned tensors); returns its vocabulary size and the line
     that reports it."""
     _gguf()
-    arch, stock, tensors = plan_gguf(ckpt)
-    vocabulary = write_gguf(path, arch, stock, tensors, ckpt.folder, ckpt.folder.resolve().name)
+    arch, config, tensors = plan_gguf(ckpt)
+    vocabulary = write_gguf(path, arch, config, tensors, ckpt.folder, ckpt.folder.resolve().name)
     check_gguf(path, arch, tensors)
     words = "" if vocabulary else ("; no tokenizer.json in SRC, so no vocabulary: llama.cpp runs it on token ids, "
                                    "chat front ends need one")
-    return stock.vocab_size, (f"{arch}: {stock.num_hidden_layers} attention layers + 1 zero Gated DeltaNet layer, "
+    return config.vocab_size, (f"{arch}: {config.num_hidden_layers} attention layers + 1 zero Gated DeltaNet layer, "
                               f"{len(tensors)} tensors{words}")
 
 GGUF = Format(
     "gguf", "one GGUF file for llama.cpp (Qwen3.5 architecture; Qwen3-Next for the mixture of experts), G1 sigmoid "
-    "gates, plus one zero Gated DeltaNet layer llama.cpp needs (docs/local.md)", reads=(), write_file=write,
-    file_logits=gguf_logits)
+    "gates, plus one zero Gated DeltaNet layer llama.cpp needs (docs/local.md)",
+    writing=FileWriting(write, gguf_logits))

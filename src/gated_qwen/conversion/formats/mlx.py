@@ -4,9 +4,9 @@ a GatedQwen model as mlx-lm's Qwen3.5 text model (`model_type` `qwen3_5`), a Gat
 reads it and `mlx_lm.convert --hf-path DST -q --trust-remote-code` quantizes it.
 
 Both architectures' attention is GatedQwen's G1 gate (`q_proj` holds `[q_h | gate_h]` per head, the attention output
-is multiplied by `sigmoid(gate)` before `o_proj`): the tensors are the `--to qwen3_5` export's (`qwen3_5.py`: every
-G1 sigmoid gate written exactly as elementwise gate rows, and that export's refusals). Neither of this project's
-Transformers exports is read by mlx-lm as it is, and `--to mlx` writes what it needs instead:
+is multiplied by `sigmoid(gate)` before `o_proj`): the export composes the steps of `export_steps.py` as `--to
+qwen3_5` does (every G1 sigmoid gate written exactly as elementwise gate rows, and that export's refusals). Neither of
+this project's Transformers exports is read by mlx-lm as it is, and `--to mlx` writes what it needs instead:
 
 - `model_type`: mlx-lm 0.32 has no `qwen3_5_text` (the `--to qwen3_5` folder's type); its `qwen3_5` module reads a
   text config without `text_config` as the text model, and its parameter names (`language_model.model.layers...`,
@@ -36,19 +36,25 @@ Transformers `Qwen3_5ForCausalLM` / `Qwen3NextForCausalLM` (`mlx_logits`); what 
 
 from __future__ import annotations
 
-import copy
 from typing import TYPE_CHECKING
 
 import torch
 from transformers import AutoModelForCausalLM, Qwen3_5TextConfig, Qwen3NextConfig
 
-from ...model.configuration_gated import GatedQwenConfig
 from ...model.configuration_gated_moe import GatedQwenMoeConfig
 from ..errors import ConversionError, VerificationError
-from ..format import Format
-from ..io import TensorPlan
-from ..plans import FINAL_NORM, load_gated_config, zeros
-from .qwen3_5 import plan_gated_to_qwen3_5
+from ..export_steps import (
+    check_qwen3_5_attention,
+    exported_bias,
+    gate_rows_into_q_proj,
+    load_gated_config,
+    norms,
+    stacked_experts,
+    zero_biases,
+    zeros,
+)
+from ..format import FolderWriting, Format, OwnModel
+from ..plans import TensorMap, copy_rest
 
 if TYPE_CHECKING:
     import torch
@@ -74,8 +80,6 @@ class Model(Base):
         self.{text_model}.ssm_idx = None
 '''
 PREFIX = {DENSE: "language_model.", MOE: ""}  # what mlx-lm's Qwen3.5 nests its text model under
-EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
-LAYER_NORMS = ("input_layernorm", "post_attention_layernorm", "self_attn.q_norm", "self_attn.k_norm")
 # The RoPE mlx-lm computes as Transformers does (`mlx_lm.models.rope_utils.initialize_rope`), by rope_type, with the
 # fields it reads: others it ignores (YaRN's `attention_factor`, `truncate`; `mscale` alone means another scale).
 ROPE_FIELDS = {"default": ("rope_type", "rope_theta"), "linear": ("rope_type", "rope_theta", "factor"),
@@ -113,8 +117,7 @@ def mlx_config(config, moe: bool) -> dict:
         "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
         "num_key_value_heads", "head_dim", "rms_norm_eps", "max_position_embeddings", "tie_word_embeddings")}
     rope = {**rope_parameters(config), "partial_rotary_factor": 1.0}
-    bias = config.attention_bias or (config.gate_position is not None and config.gate_bias)  # the export's rule
-    fields.update(model_type=MOE if moe else DENSE, model_file=MODEL_FILE, attention_bias=bool(bias),
+    fields.update(model_type=MOE if moe else DENSE, model_file=MODEL_FILE, attention_bias=exported_bias(config),
                   full_attention_interval=1, layer_types=["full_attention"] * layers, rope_parameters=rope)
     if moe:
         sparse = [i for i in range(layers) if i not in (config.mlp_only_layers or [])
@@ -133,7 +136,7 @@ def mlx_config(config, moe: bool) -> dict:
 
 
 def model_file(config: dict) -> dict[str, str]:
-    """`{MODEL_FILE: its code}` for the folder's config.json (`Format.files`)."""
+    """`{MODEL_FILE: its code}` for the folder's config.json (`FolderWriting.files`)."""
     title, text_model = (("Qwen3.5 text model", "language_model.model") if config["model_type"] == DENSE
                          else ("Qwen3-Next", "model"))
     return {MODEL_FILE: MODEL_CODE.format(title=title, module=config["model_type"], text_model=text_model)}
@@ -177,45 +180,10 @@ def _mlp_shapes(prefix: str, hidden: int, inner: int) -> dict[str, tuple[int, ..
 
 
 # ------------------------------------------------------------------------------------------------------ export
-def _dense_view(ckpt: Checkpoint) -> Checkpoint:
-    """`ckpt` with a dense gated_qwen config.json (the mixture of experts' own fields left out): the attention part
-    of a GatedQwen-MoE is planned as a dense model's (the same tensors; the experts pass through)."""
-
-    moe_only = set(GatedQwenMoeConfig.__dataclass_fields__) - set(GatedQwenConfig.__dataclass_fields__)
-    view = copy.copy(ckpt)
-    view.config = {k: v for k, v in ckpt.config.items() if k not in (*moe_only, "auto_map")}
-    view.config["model_type"] = GatedQwenConfig.model_type
-    return view
-
-
-def _source(ckpt: Checkpoint, name: str) -> TensorPlan:
-
-    info = ckpt.tensors[name]
-    return TensorPlan(info.shape, info.dtype, lambda: ckpt.get(name))
-
-
 def _stacked_experts(plan: dict[str, TensorPlan], layer: int, num_experts: int) -> dict[str, TensorPlan]:
-    """The experts of `layer` (one tensor per expert on disk, or Transformers' stacked `gate_up_proj` and
-    `down_proj`) as mlx-lm's `switch_mlp` projections `[experts, out, in]`."""
-
-
-    prefix = f"model.layers.{layer}.mlp."
-    if prefix + "experts.gate_up_proj" in plan:
-        gate_up, down = plan.pop(prefix + "experts.gate_up_proj"), plan.pop(prefix + "experts.down_proj")
-        experts, rows, hidden = gate_up.shape
-        half = (experts, rows // 2, hidden)
-        return {prefix + "switch_mlp.gate_proj.weight": TensorPlan(half, gate_up.dtype, lambda: gate_up.make()[
-                    :, : rows // 2].contiguous()),
-                prefix + "switch_mlp.up_proj.weight": TensorPlan(half, gate_up.dtype, lambda: gate_up.make()[
-                    :, rows // 2:].contiguous()),
-                prefix + "switch_mlp.down_proj.weight": down}
-    stacked = {}
-    for proj in EXPERT_PROJECTIONS:
-        parts = [plan.pop(f"{prefix}experts.{e}.{proj}.weight") for e in range(num_experts)]
-        stacked[f"{prefix}switch_mlp.{proj}.weight"] = TensorPlan(
-            (num_experts, *parts[0].shape), parts[0].dtype,
-            lambda parts=parts: torch.stack([part.make() for part in parts]))
-    return stacked
+    """The experts of `layer` in `plan` as mlx-lm's `switch_mlp` projections `[experts, out, in]`."""
+    return {f"model.layers.{layer}.mlp.switch_mlp.{proj}.weight": tensor
+            for proj, tensor in stacked_experts(plan, layer, num_experts).items()}
 
 
 def _zero_shared_expert(config, layer: int, dtype: torch.dtype) -> dict[str, TensorPlan]:
@@ -229,18 +197,25 @@ def _zero_shared_expert(config, layer: int, dtype: torch.dtype) -> dict[str, Ten
 
 
 def plan_gated_to_mlx(ckpt: Checkpoint) -> tuple[dict, dict[str, TensorPlan]]:
-    """`(config.json, {name: TensorPlan})` of the mlx-lm folder of the gated_qwen / gated_qwen_moe checkpoint: the
-    `--to qwen3_5` export's tensors with GatedQwen's own norm weights, the experts stacked, under mlx-lm's names."""
+    """`(config.json, {name: TensorPlan})` of the mlx-lm folder of the gated_qwen / gated_qwen_moe checkpoint:
+    Qwen3.5's attention (the G1 gate rows interleaved into `q_proj` per head, zero k/v/o biases where only the gate
+    has one) with GatedQwen's own norm weights, the experts stacked, under mlx-lm's names."""
 
     config = load_gated_config(ckpt, moe=True)
     moe = isinstance(config, GatedQwenMoeConfig)
     check_mlx_can_run(config)
-    _, plan = plan_gated_to_qwen3_5(_dense_view(ckpt) if moe else ckpt, allow_o_proj_bias=True, quiet=True)
-    for layer in range(config.num_hidden_layers):  # the norms as GatedQwen stores them (x̂·w), not zero-centred
-        for norm in LAYER_NORMS:
-            name = f"model.layers.{layer}.{norm}.weight"
-            plan[name] = _source(ckpt, name)
-    plan[FINAL_NORM] = _source(ckpt, FINAL_NORM)
+    check_qwen3_5_attention(config)
+    bias = exported_bias(config)  # mlx-lm computes an o_proj bias too
+    tmap = TensorMap(ckpt)
+    for layer in range(config.num_hidden_layers):
+        gate_rows_into_q_proj(tmap, config, layer, width=config.head_dim, groups=config.num_attention_heads,
+                              bias=bias)
+        if bias and not config.attention_bias:
+            zero_biases(tmap, layer, ("k_proj", "v_proj", "o_proj"))
+        norms(tmap, layer, zero_centred=False)
+    norms(tmap, None, zero_centred=False)
+    copy_rest(tmap, config)
+    plan = tmap.finish()
     fields = mlx_config(config, moe)
     if moe:
         dtype = ckpt.tensors["model.embed_tokens.weight"].dtype
@@ -311,5 +286,5 @@ def mlx_logits(ckpt: Checkpoint, input_ids: torch.Tensor) -> torch.Tensor:
 
 MLX = Format(
     "mlx", "a folder for mlx-lm (and LM Studio's MLX engine): its Qwen3.5 (Qwen3-Next for the mixture of experts), "
-    "every layer full attention, G1 sigmoid gates (docs/local.md)", reads=(), export=plan_gated_to_mlx,
-    files=model_file, tensor_shapes=mlx_tensor_shapes, logits=mlx_logits)
+    "every layer full attention, G1 sigmoid gates (docs/local.md)",
+    writing=FolderWriting(plan_gated_to_mlx, files=model_file), model=OwnModel(mlx_tensor_shapes, mlx_logits))

@@ -34,8 +34,8 @@ from ...model.configuration_gated_moe import GatedQwenMoeConfig
 from ...model.modeling_gated import GatedQwenForCausalLM
 from ...model.modeling_gated_moe import GatedQwenMoeForCausalLM
 from ..errors import ConversionError, import_extra
-from ..format import Format
-from ..plans import load_gated_config
+from ..export_steps import load_gated_config
+from ..format import FileWriting, Format
 
 if TYPE_CHECKING:
     import torch
@@ -165,7 +165,7 @@ def _example(config) -> tuple:
 
 # ------------------------------------------------------------------------------------------------------ writing
 def write(ckpt: Checkpoint, folder: Path) -> tuple[int, str]:
-    """`gated-qwen convert SRC DST --to onnx` (`Format.write_folder`): `model.onnx` traced from SRC's model and
+    """`gated-qwen convert SRC DST --to onnx` (`FileWriting.write`, a folder): `model.onnx` traced from SRC's model and
     SRC's config.json into `folder`, the graph's inputs and outputs checked by ONNX Runtime; returns the vocabulary
     size and the line that reports it."""
 
@@ -246,5 +246,5 @@ def onnx_logits(folder: Path, input_ids: torch.Tensor) -> torch.Tensor:
 
 ONNX = Format(
     "onnx", "a folder for ONNX Runtime (Optimum's decoder layout: model.onnx with its KV cache inputs and outputs, "
-    "float32), every variant the model computes (docs/local.md)", reads=(), write_folder=write,
-    file_logits=onnx_logits)
+    "float32), every variant the model computes (docs/local.md)",
+    writing=FileWriting(write, onnx_logits, folder=True))

@@ -20,7 +20,7 @@ from transformers import Qwen3Config, Qwen3MoeConfig
 
 from ...model.gating import ACTIVATIONS, POSITIONS, gated_layers
 from ..errors import CheckpointFormatError
-from ..format import Context, Format, TensorRule
+from ..format import Context, Format, Reading, TensorRule
 from ..shared import MOE_FIELDS, QWEN3_FIELDS, SLIDING_FIELDS, parse_gate
 from .release import RELEASE_KEYS
 
@@ -179,7 +179,6 @@ ADDED_GATE_RULES = (
     *(TensorRule(name, (name,), lambda context, tensor, name=name: add_gate(context, tensor, name)) for name in CHANGED),
 )
 QWEN3 = Format("qwen3", "stock Transformers Qwen3, optionally with a gate added that changes nothing yet",
-               reads=("qwen3",), config_fields=qwen3_config_fields, rules=ADDED_GATE_RULES, takes_gate=True)
+               reading=Reading(("qwen3",), qwen3_config_fields, rules=ADDED_GATE_RULES, takes_gate=True))
 QWEN3_MOE = Format("qwen3_moe", "stock Transformers Qwen3-MoE, optionally with a gate added that changes nothing yet",
-                   reads=("qwen3_moe",), config_fields=qwen3_moe_config_fields, rules=ADDED_GATE_RULES,
-                   takes_gate=True)
+                   reading=Reading(("qwen3_moe",), qwen3_moe_config_fields, rules=ADDED_GATE_RULES, takes_gate=True))

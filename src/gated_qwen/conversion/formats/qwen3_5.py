@@ -35,43 +35,32 @@ layers, naming `--from qwen3_next`. Qwen3-Next has no router z-loss: `router_z_l
 
 from __future__ import annotations
 
-import copy
 from typing import TYPE_CHECKING
 
 import torch
 from transformers import Qwen3_5TextConfig, Qwen3NextConfig
 
 from ...files import say
-from ...model.configuration_gated import GatedQwenConfig
 from ...model.configuration_gated_moe import GatedQwenMoeConfig
 from ..errors import CheckpointFormatError, ConversionError
-from ..format import Context, ExportOption, Format, TensorRule
-from ..io import TensorPlan
-from ..plans import (
-    FINAL_NORM,
-    LAYER_NORMS,
-    TensorMap,
-    check_g1_sigmoid,
-    copy_rest,
-    g1_gate_rows,
+from ..export_steps import (
+    check_qwen3_5_attention,
+    check_shared_expert,
+    exported_bias,
+    gate_rows_into_q_proj,
     load_gated_config,
     norm_dtype,
-    shifted_norm,
-    zeros,
+    norms,
+    zero_biases,
 )
+from ..format import Context, ExportOption, FolderWriting, Format, Reading, TensorRule
+from ..plans import TensorMap, copy_rest
 from ..shared import MOE_FIELDS, QWEN3_FIELDS, source_dtype
 
 if TYPE_CHECKING:
     import torch
 
     from ..io import Checkpoint
-
-
-def interleave_heads(queries: torch.Tensor, gates: torch.Tensor, heads: int) -> torch.Tensor:
-    """`queries, gates: [H*D, ...]` -> Qwen3.5 `q_proj` rows `[H*2D, ...]`, per head `[q_h | gate_h]`."""
-
-    rest = queries.shape[1:]
-    return torch.cat([queries.view(heads, -1, *rest), gates.view(heads, -1, *rest)], dim=1).reshape(-1, *rest)
 
 
 def split_heads(packed: torch.Tensor, heads: int, part: int) -> torch.Tensor:
@@ -82,15 +71,10 @@ def split_heads(packed: torch.Tensor, heads: int, part: int) -> torch.Tensor:
 
 def from_zero_centred(weight: torch.Tensor) -> torch.Tensor:
     """A Qwen3.5 / Qwen3-Next RMSNorm weight `[dim]` (the norm computes `x̂·(1 + w)`) -> GatedQwen's (`x̂·w`):
-    `w + 1`, computed in float32 (and kept there for 16-bit weights). `to_zero_centred` is its inverse."""
+    `w + 1`, computed in float32 (and kept there for 16-bit weights). `export_steps.to_zero_centred` is its
+    inverse."""
 
     return (weight.float() + 1).to(norm_dtype(weight.dtype))
-
-
-def to_zero_centred(weight: torch.Tensor) -> torch.Tensor:
-    """GatedQwen's RMSNorm weight `[dim]` -> Qwen3.5's zero-centred one: `w - 1` (the inverse of
-    `from_zero_centred`)."""
-    return weight - 1
 
 
 def moe_layers(layers: int, num_experts: int, mlp_only_layers: list[int] | None, sparse_step: int) -> list[int]:
@@ -196,118 +180,93 @@ O_PROJ_BIAS_REFUSAL = (
 )
 
 
-def plan_gated_to_qwen3_5(ckpt: Checkpoint, allow_o_proj_bias: bool = False, quiet: bool = False):
-    """`quiet`: no warning for an o_proj bias written (a target that computes it, such as mlx-lm)."""
-
-
-    config = load_gated_config(ckpt)
-    target = "Qwen3.5"
-    check_g1_sigmoid(config, target)
-    if not config.use_qk_norm:
-        raise ConversionError(f"{target} always normalises queries and keys; this model has use_qk_norm=False.")
-    sliding = [i for i, t in enumerate(config.layer_types) if t != "full_attention"]
-    if sliding:
-        raise ConversionError(
-            f"{target} has no sliding-window attention; layers {sliding} of this model are "
-            f"{config.layer_types[sliding[0]]}."
-        )
+def check_o_proj_bias(config, allow_o_proj_bias: bool) -> None:
+    """Refuses an o_proj bias (`attention_bias`), which vLLM drops, unless `allow_o_proj_bias`; warns when it is
+    written."""
     if config.attention_bias and not allow_o_proj_bias:
         raise ConversionError(O_PROJ_BIAS_REFUSAL)
-    if config.attention_bias and not quiet:
-        say(f"warning: {target}'s o_proj bias is written as asked (--allow-o-proj-bias): stock Transformers computes "
+    if config.attention_bias:
+        say("warning: Qwen3.5's o_proj bias is written as asked (--allow-o-proj-bias): stock Transformers computes "
             "this export exactly; vLLM drops that bias and computes something else.")
-    gated = config.gate_position is not None
-    bias = config.attention_bias or (gated and config.gate_bias)
-    heads, head_dim = config.num_attention_heads, config.head_dim
 
+
+def qwen3_5_tensors(ckpt: Checkpoint, config) -> dict:
+    """The tensors of a Qwen3.5 / Qwen3-Next folder: per layer the G1 gate rows interleaved into `q_proj` per head,
+    zero k/v/o biases where only the gate has one, the norms zero-centred; the rest (the MLP or the experts, which
+    have the same names and layout) as they are."""
+    bias = exported_bias(config)
     tmap = TensorMap(ckpt)
     for layer in range(config.num_hidden_layers):
-        prefix = f"model.layers.{layer}."
-        attn = prefix + "self_attn."
-        gate_w, gate_b, o_proj = g1_gate_rows(tmap, config, layer, head_dim, with_bias=bias)
-        tmap.put(attn + "o_proj.weight", o_proj)
-        q_w = tmap.take(attn + "q_proj.weight")
-        tmap.put(attn + "q_proj.weight", TensorPlan(
-            (2 * q_w.shape[0], q_w.shape[1]), q_w.dtype,
-            lambda q_w=q_w, gate_w=gate_w: interleave_heads(q_w.make(), gate_w.make().to(q_w.dtype), heads)))
-        if bias:
-            q_b = tmap.take(attn + "q_proj.bias") if config.attention_bias else zeros((heads * head_dim,), q_w.dtype)
-            tmap.put(attn + "q_proj.bias", TensorPlan(
-                (2 * q_b.shape[0],), q_b.dtype,
-                lambda q_b=q_b, gate_b=gate_b: interleave_heads(q_b.make(), gate_b.make().to(q_b.dtype), heads)))
-            if not config.attention_bias:
-                for proj in ("k_proj", "v_proj", "o_proj"):
-                    info = tmap.info(attn + f"{proj}.weight")
-                    tmap.put(attn + f"{proj}.bias", zeros((info.shape[0],), info.dtype))
-        for norm in LAYER_NORMS:
-            shifted_norm(tmap, prefix + norm + ".weight", to_zero_centred)
-    shifted_norm(tmap, FINAL_NORM, to_zero_centred)
+        gate_rows_into_q_proj(tmap, config, layer, width=config.head_dim, groups=config.num_attention_heads,
+                              bias=bias)
+        if bias and not config.attention_bias:
+            zero_biases(tmap, layer, ("k_proj", "v_proj", "o_proj"))
+        norms(tmap, layer, zero_centred=True)
+    norms(tmap, None, zero_centred=True)
     copy_rest(tmap, config)
+    return tmap.finish()
 
+
+def attention_fields(config) -> dict:
+    """The config fields Qwen3.5 and Qwen3-Next share: Qwen3's, RoPE on the whole head, every layer full
+    attention, one bias flag."""
     fields = {k: getattr(config, k) for k in QWEN3_FIELDS}
     fields.update(
-        rope_parameters={**config.rope_parameters, "partial_rotary_factor": 1.0}, attention_bias=bias,
+        rope_parameters={**config.rope_parameters, "partial_rotary_factor": 1.0}, attention_bias=exported_bias(config),
         **all_full_attention(config.num_hidden_layers),
     )
-    out = Qwen3_5TextConfig(**fields)
-    if bias:
-        out.qkv_bias = True  # where vLLM reads the q/k/v bias flag (Transformers reads attention_bias)
-    out.architectures = ["Qwen3_5ForCausalLM"]
+    return fields
+
+
+def stock_config(cls, fields: dict, architecture: str, ckpt: Checkpoint):
+    """The Transformers config `cls(**fields)` as the folder's config.json: `architectures`, `dtype` and, with a
+    bias, `qkv_bias` (where vLLM reads the q/k/v bias flag; Transformers reads `attention_bias`)."""
+    out = cls(**fields)
+    if fields["attention_bias"]:
+        out.qkv_bias = True
+    out.architectures = [architecture]
     out.dtype = source_dtype(ckpt.config)
-    return out, tmap.finish()
+    return out
 
 
-def _view(ckpt: Checkpoint, config: dict) -> Checkpoint:
-    """`ckpt` with its config.json replaced by `config` (the tensors are the same)."""
-    view = copy.copy(ckpt)
-    view.config = config
-    return view
+def plan_gated_to_qwen3_5(ckpt: Checkpoint, allow_o_proj_bias: bool = False):
+    """`--to qwen3_5`: `(Qwen3_5TextConfig, {name: TensorPlan})` of a dense gated_qwen checkpoint."""
+    config = load_gated_config(ckpt)
+    check_qwen3_5_attention(config)
+    check_o_proj_bias(config, allow_o_proj_bias)
+    plan = qwen3_5_tensors(ckpt, config)
+    return stock_config(Qwen3_5TextConfig, attention_fields(config), "Qwen3_5ForCausalLM", ckpt), plan
 
 
 def plan_gated_to_qwen3_next(ckpt: Checkpoint, allow_o_proj_bias: bool = False):
-
-
+    """`--to qwen3_next`: `(Qwen3NextConfig, {name: TensorPlan})` of a gated_qwen_moe checkpoint with a shared
+    expert (a dense one is refused, naming `--to qwen3_5`)."""
     config = load_gated_config(ckpt, moe=True)
-    moe = isinstance(config, GatedQwenMoeConfig)
-    if not moe:
+    if not isinstance(config, GatedQwenMoeConfig):
         raise ConversionError(
             "this model is dense, and a Qwen3-Next without a mixture-of-experts layer is refused by vLLM (\"No "
             "Qwen3Next layer found\"); use --to qwen3_5, whose model computes the same function in Transformers and "
             "vLLM. Nothing was written."
         )
-    if config.shared_expert_intermediate_size == 0:
-        raise ConversionError(
-            "Qwen3-Next's sparse layers always have a shared expert; this model has none "
-            "(shared_expert_intermediate_size=0), so it has no Qwen3-Next equivalent. Nothing was written."
-        )
-    # The attention part is Qwen3.5's: planned on a dense view of the config (the same tensors).
-    moe_only = set(GatedQwenMoeConfig.__dataclass_fields__) - set(GatedQwenConfig.__dataclass_fields__)
-    dense = {k: v for k, v in ckpt.config.items() if k not in (*moe_only, "auto_map")}
-    out35, plan = plan_gated_to_qwen3_5(_view(ckpt, dict(dense, model_type=GatedQwenConfig.model_type)),
-                                        allow_o_proj_bias)
-
-    experts = config.to_dict()  # the tensors pass through
-    fields = {k: getattr(out35, k) for k in QWEN3_FIELDS}
-    fields.update({k: experts[k] for k in (*MOE_FIELDS, "shared_expert_intermediate_size")})
-    fields.update(
-        rope_parameters=out35.rope_parameters, attention_bias=out35.attention_bias,
-        **all_full_attention(config.num_hidden_layers), mlp_only_layers=experts["mlp_only_layers"] or [],
-    )
-    out = Qwen3NextConfig(**fields)
-    if out35.attention_bias:
-        out.qkv_bias = True
-    out.architectures = ["Qwen3NextForCausalLM"]
-    out.dtype = out35.dtype
-    return out, plan
+    check_shared_expert(config)
+    check_qwen3_5_attention(config)
+    check_o_proj_bias(config, allow_o_proj_bias)
+    plan = qwen3_5_tensors(ckpt, config)
+    fields = attention_fields(config)
+    fields.update({k: getattr(config, k) for k in (*MOE_FIELDS, "shared_expert_intermediate_size")},
+                  mlp_only_layers=config.mlp_only_layers or [])
+    return stock_config(Qwen3NextConfig, fields, "Qwen3NextForCausalLM", ckpt), plan
 
 
 QWEN3_5 = Format(
     "qwen3_5", "Transformers' Qwen3.5 text model (and dense Qwen3-Next), every layer full attention",
-    reads=("qwen3_5_text", "qwen3_next", "qwen3_5"), detect=lambda config: config.get("model_type") != "qwen3_next",
-    config_fields=dense_config_fields, check=check_q_proj_rows, rules=QWEN3_5_RULES, ignored=("mtp.",),
-    export=plan_gated_to_qwen3_5, export_options=(ALLOW_O_PROJ_BIAS,))
+    reading=Reading(("qwen3_5_text", "qwen3_next", "qwen3_5"), dense_config_fields,
+                    detect=lambda config: config.get("model_type") != "qwen3_next", check=check_q_proj_rows,
+                    rules=QWEN3_5_RULES, ignored=("mtp.",)),
+    writing=FolderWriting(plan_gated_to_qwen3_5, options=(ALLOW_O_PROJ_BIAS,)))
 # from_pretrained reads every Qwen3-Next folder in this format, dense or not (QWEN3_5 leaves them to it).
 QWEN3_NEXT = Format(
-    "qwen3_next", "Qwen3-Next, every layer full attention, dense or mixture-of-experts", reads=("qwen3_next",),
-    config_fields=qwen3_5_config_fields, check=check_q_proj_rows, rules=QWEN3_5_RULES, ignored=("mtp.",),
-    export=plan_gated_to_qwen3_next, export_options=(ALLOW_O_PROJ_BIAS,))
+    "qwen3_next", "Qwen3-Next, every layer full attention, dense or mixture-of-experts",
+    reading=Reading(("qwen3_next",), qwen3_5_config_fields, check=check_q_proj_rows, rules=QWEN3_5_RULES,
+                    ignored=("mtp.",)),
+    writing=FolderWriting(plan_gated_to_qwen3_next, options=(ALLOW_O_PROJ_BIAS,)))

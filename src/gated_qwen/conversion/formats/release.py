@@ -12,8 +12,8 @@ The official code applies `attn_output[B, L, H, D] * sigmoid(gate[B, L, H, W])` 
 true it uses headwise (its `if headwise ... elif elementwise`), and so does this reader.
 
 GatedQwen keeps the same weights with the gate rows moved to `self_attn.gate.g_proj` (rows per query head), so the
-import is a permutation of rows (`split_release_q_proj`) and the export its inverse (`pack_release_q_proj`):
-release -> gated_qwen -> release gives byte-identical tensors.
+import is a permutation of rows (`split_release_q_proj`) and the export its inverse (`export_steps.interleave_rows`,
+a group per kv head): release -> gated_qwen -> release gives byte-identical tensors.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from transformers.modeling_utils import remove_tied_weights_from_state_dict
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
 from ..errors import CheckpointFormatError, ConversionError
-from ..format import Context, Format, TensorRule
-from ..io import TensorPlan
-from ..plans import TensorMap, check_g1_sigmoid, copy_rest, g1_gate_rows, load_gated_config, zeros
+from ..export_steps import check_g1_sigmoid, exported_bias, gate_rows_into_q_proj, load_gated_config, zero_biases
+from ..format import Context, FolderWriting, Format, OwnModel, Reading, TensorRule
+from ..plans import TensorMap, copy_rest
 from ..shared import QWEN3_FIELDS, source_dtype
 
 if TYPE_CHECKING:
@@ -94,13 +94,6 @@ def split_release_q_proj(packed: torch.Tensor, kv_heads: int, group_q_rows: int,
     grouped = packed.view(kv_heads, -1, *packed.shape[1:])
     rows = slice(None, group_q_rows) if part == 0 else slice(group_q_rows, None)
     return grouped[:, rows].reshape(-1, *packed.shape[1:])
-
-
-def pack_release_q_proj(queries: torch.Tensor, gates: torch.Tensor, kv_heads: int) -> torch.Tensor:
-    """The inverse of `split_release_q_proj`: `queries [H*D, ...]`, `gates [H*W, ...]` -> `[K * (G*D + G*W), ...]`."""
-
-    rest = queries.shape[1:]
-    return torch.cat([queries.view(kv_heads, -1, *rest), gates.view(kv_heads, -1, *rest)], dim=1).reshape(-1, *rest)
 
 
 # ------------------------------------------------------------------------------------------------------ import
@@ -199,30 +192,15 @@ def plan_gated_to_release(ckpt: Checkpoint) -> tuple[dict, dict[str, TensorPlan]
         )
     gated = config.gate_position is not None
     variant = config.gate_granularity if gated else "baseline"
-    width = 1 if variant == "headwise" else config.head_dim
-    heads, kv_heads, head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
-    bias = config.attention_bias or (gated and config.gate_bias)
+    bias = exported_bias(config)
 
     tmap = TensorMap(ckpt)
     for layer in range(config.num_hidden_layers):
-        prefix = f"model.layers.{layer}.self_attn."
         if bias and not config.attention_bias:  # the release's qkv_bias puts a bias on q, k, v and o together
-            for proj in ("k_proj", "v_proj", "o_proj"):
-                out_features = tmap.info(prefix + f"{proj}.weight").shape[0]
-                tmap.put(prefix + f"{proj}.bias", zeros((out_features,), tmap.info(prefix + f"{proj}.weight").dtype))
-        if not gated:
-            continue
-        gate_w, gate_b, o_proj = g1_gate_rows(tmap, config, layer, width, with_bias=bias)
-        tmap.put(prefix + "o_proj.weight", o_proj)
-        q_w = tmap.take(prefix + "q_proj.weight")
-        tmap.put(prefix + "q_proj.weight", TensorPlan(
-            (q_w.shape[0] + gate_w.shape[0], q_w.shape[1]), q_w.dtype,
-            lambda q_w=q_w, gate_w=gate_w: pack_release_q_proj(q_w.make(), gate_w.make().to(q_w.dtype), kv_heads)))
-        if bias:
-            q_b = tmap.take(prefix + "q_proj.bias") if config.attention_bias else zeros((heads * head_dim,), q_w.dtype)
-            tmap.put(prefix + "q_proj.bias", TensorPlan(
-                (q_b.shape[0] + gate_b.shape[0],), q_b.dtype,
-                lambda q_b=q_b, gate_b=gate_b: pack_release_q_proj(q_b.make(), gate_b.make().to(q_b.dtype), kv_heads)))
+            zero_biases(tmap, layer, ("k_proj", "v_proj", "o_proj"))
+        if gated:  # the gate rows of each kv group after its queries (`split_release_q_proj` reads them back)
+            gate_rows_into_q_proj(tmap, config, layer, width=1 if variant == "headwise" else config.head_dim,
+                                  groups=config.num_key_value_heads, bias=bias)
     copy_rest(tmap, config)
 
     rope = dict(config.rope_parameters)
@@ -300,6 +278,6 @@ def release_logits(ckpt: Checkpoint, input_ids: torch.Tensor) -> torch.Tensor:
 
 
 RELEASE = Format(
-    "release", "the paper's released checkpoints (QwQZh/gated_attention); byte-identical round trip", reads=("qwen3",),
-    detect=is_release, config_fields=release_config_fields, check=check_release, rules=RELEASE_RULES,
-    export=plan_gated_to_release, tensor_shapes=release_tensor_shapes, logits=release_logits)
+    "release", "the paper's released checkpoints (QwQZh/gated_attention); byte-identical round trip",
+    reading=Reading(("qwen3",), release_config_fields, detect=is_release, check=check_release, rules=RELEASE_RULES),
+    writing=FolderWriting(plan_gated_to_release), model=OwnModel(release_tensor_shapes, release_logits))
