@@ -166,7 +166,7 @@ def test_lengths_that_do_not_fit_in_memory_are_refused_before_allocating(model64
     import torch
     from safetensors.torch import save_file
 
-    from gated_qwen.analysis.memory import available_memory
+    from gated_qwen.files.memory import available_memory
 
     err = assert_refused(capsys, ["analyze", str(model64), "--length", str(10**9), "--out", str(tmp_path / "a")],
                            f"--length {10**9} needs about", bars=True)

@@ -29,6 +29,7 @@ from pathlib import Path
 from huggingface_hub.errors import StrictDataclassError
 
 from ..files import CONFIG_VALUE_ERRORS, OutputError, clean_stale, clean_stale_scratch, output_file, output_folder, say
+from ..files.memory import available_memory
 from . import plans
 from .errors import CheckpointFormatError, ConversionError, VerificationError
 from .format import FileWriting, Format
@@ -171,7 +172,6 @@ def _check_memory(request: _Request, ckpt, plan: dict | None, shard_size: int | 
     one output shard (`shard_size`, at least the largest output tensor) and the source tensor read for it; an
     export without a plan (`--to onnx`) builds the whole float32 model from the float32 weights; `verify` (on by
     default up to `VERIFY_MAX_PARAMETERS`) builds the source's and the result's float32 models."""
-    from ..analysis.memory import available_memory
 
     available = available_memory("cpu")
     if available is None:
