@@ -226,6 +226,20 @@ def norms(tmap: TensorMap, layer: int | None, zero_centred: bool) -> None:
 
 
 # ------------------------------------------------------------------------------------------------------ the experts
+def qwen3_5_attention(tmap: TensorMap, config: GatedQwenConfig, zero_centred: bool) -> None:
+    """Every layer's attention as Qwen3.5's reads it (Qwen3.5, Qwen3-Next, mlx-lm): the G1 gate rows interleaved into
+    `q_proj` per head, zero k/v/o biases where only the gate has one (`exported_bias`), and the norms, every layer's
+    and the final one, zero-centred or kept (`norms`)."""
+    bias = exported_bias(config)
+    for layer in range(config.num_hidden_layers):
+        gate_rows_into_q_proj(tmap, config, layer, width=config.head_dim, groups=config.num_attention_heads,
+                              bias=bias)
+        if bias and not config.attention_bias:
+            zero_biases(tmap, layer, ("k_proj", "v_proj", "o_proj"))
+        norms(tmap, layer, zero_centred=zero_centred)
+    norms(tmap, None, zero_centred=zero_centred)
+
+
 def stacked_experts(plan: dict[str, TensorPlan], layer: int, num_experts: int) -> dict[str, TensorPlan]:
     """Takes the experts of `layer` out of `plan` (one tensor per expert, `mlp.experts.{e}.{proj}.weight`, as
     `save_pretrained` writes them, or Transformers' stacked `mlp.experts.gate_up_proj [E, 2I, hidden]` and

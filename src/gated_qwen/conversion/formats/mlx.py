@@ -46,11 +46,9 @@ from ..errors import ConversionError, VerificationError
 from ..export_steps import (
     check_qwen3_5_attention,
     exported_bias,
-    gate_rows_into_q_proj,
     load_gated_config,
-    norms,
+    qwen3_5_attention,
     stacked_experts,
-    zero_biases,
     zeros,
 )
 from ..format import FolderWriting, Format, OwnModel
@@ -205,15 +203,8 @@ def plan_gated_to_mlx(ckpt: Checkpoint) -> tuple[dict, dict[str, TensorPlan]]:
     moe = isinstance(config, GatedQwenMoeConfig)
     check_mlx_can_run(config)
     check_qwen3_5_attention(config)
-    bias = exported_bias(config)  # mlx-lm computes an o_proj bias too
     tmap = TensorMap(ckpt)
-    for layer in range(config.num_hidden_layers):
-        gate_rows_into_q_proj(tmap, config, layer, width=config.head_dim, groups=config.num_attention_heads,
-                              bias=bias)
-        if bias and not config.attention_bias:
-            zero_biases(tmap, layer, ("k_proj", "v_proj", "o_proj"))
-        norms(tmap, layer, zero_centred=False)
-    norms(tmap, None, zero_centred=False)
+    qwen3_5_attention(tmap, config, zero_centred=False)  # mlx-lm computes an o_proj bias too
     copy_rest(tmap, config)
     plan = tmap.finish()
     fields = mlx_config(config, moe)

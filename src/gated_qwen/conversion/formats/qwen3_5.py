@@ -47,11 +47,9 @@ from ..export_steps import (
     check_qwen3_5_attention,
     check_shared_expert,
     exported_bias,
-    gate_rows_into_q_proj,
     load_gated_config,
     norm_dtype,
-    norms,
-    zero_biases,
+    qwen3_5_attention,
 )
 from ..format import Context, ExportOption, FolderWriting, Format, Reading, TensorRule
 from ..plans import TensorMap, copy_rest
@@ -194,15 +192,8 @@ def qwen3_5_tensors(ckpt: Checkpoint, config) -> dict:
     """The tensors of a Qwen3.5 / Qwen3-Next folder: per layer the G1 gate rows interleaved into `q_proj` per head,
     zero k/v/o biases where only the gate has one, the norms zero-centred; the rest (the MLP or the experts, which
     have the same names and layout) as they are."""
-    bias = exported_bias(config)
     tmap = TensorMap(ckpt)
-    for layer in range(config.num_hidden_layers):
-        gate_rows_into_q_proj(tmap, config, layer, width=config.head_dim, groups=config.num_attention_heads,
-                              bias=bias)
-        if bias and not config.attention_bias:
-            zero_biases(tmap, layer, ("k_proj", "v_proj", "o_proj"))
-        norms(tmap, layer, zero_centred=True)
-    norms(tmap, None, zero_centred=True)
+    qwen3_5_attention(tmap, config, zero_centred=True)
     copy_rest(tmap, config)
     return tmap.finish()
 
