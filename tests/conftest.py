@@ -1,9 +1,12 @@
 """Test-wide setup.
 
-Hermetic caches: no test may read or write the user's Hugging Face caches (`~/.cache/huggingface`). Every cache
-location of huggingface_hub and Transformers points into a temporary folder made for this test process before
-either library is imported (they read the variables at import), and the autouse fixture below gives each test a
-fresh one of its own, so nothing an earlier test or run downloaded or cached can leak into another.
+Hermetic caches: the suite judges only itself. The session runs in a folder of its own: HOME, XDG_CACHE_HOME and every
+cache location of huggingface_hub and Transformers point into it before either library is imported (they read the
+variables at import), for the test processes and every process they start, and the autouse fixture below gives each
+test a fresh set of Hugging Face caches, so nothing an earlier test or run cached can leak into another. Code that
+names the user's cache by its literal path is refused by `hermetic/cache_guard.py` in every Python process of the
+session, and the session fails naming the test and what it wrote. Another program using the user's cache meanwhile
+is none of the suite's business.
 
 The tests' models are tiny: they gain nothing from several intra-op threads, and on a loaded 2-core machine every
 parallel region waits for descheduled threads (a 40-step Trainer run took 0.8 s on one thread, 64 s on two), so the
@@ -18,8 +21,10 @@ Without a GPU the Triton kernel runs under the Triton interpreter; that switch m
 """
 
 import atexit
+import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -37,14 +42,22 @@ def _point_caches_at(root: Path) -> dict[str, str]:
     return {name: str(values[name]) for name in HF_CACHE_VARIABLES}
 
 
-# The user's real cache, as huggingface_hub would find it without the variables below.
-USER_HF_CACHE = Path(os.environ.get("HF_HOME") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-                     / "huggingface")
-# Not named `gated-qwen-*`: the command's scratch cleaner (files/scratch.py) removes such folders while they are empty,
-# and says so on stderr, under any test process's command.
-_PROCESS_CACHES = Path(tempfile.mkdtemp(prefix="hf-caches-of-tests-"))
-atexit.register(shutil.rmtree, _PROCESS_CACHES, ignore_errors=True)
-os.environ.update(_point_caches_at(_PROCESS_CACHES))
+HERMETIC = Path(__file__).resolve().parent / "hermetic"
+sys.path.insert(0, str(HERMETIC))
+import cache_guard  # noqa: E402  (the folder above holds it)
+
+if cache_guard.VARIABLE not in os.environ:  # the session starts here (a pytest-xdist worker inherits it)
+    # Not named `gated-qwen-*`: the command's scratch cleaner (files/scratch.py) removes such folders while they are
+    # empty, and says so on stderr, under any test process's command.
+    _SESSION = Path(tempfile.mkdtemp(prefix="hf-caches-of-tests-"))
+    atexit.register(shutil.rmtree, _SESSION, ignore_errors=True)
+    _guarded = cache_guard.guarded_folders(os.environ)
+    (_SESSION / "home").mkdir()
+    os.environ.update(_point_caches_at(_SESSION), HOME=str(_SESSION / "home"), HF_HUB_OFFLINE="1")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(HERMETIC), *filter(None, [os.environ.get("PYTHONPATH")])])
+    cache_guard.install(str(_SESSION), _guarded)
+else:
+    cache_guard.install_from_environment()
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 try:
@@ -79,10 +92,6 @@ def hermetic_hf_caches(tmp_path_factory, monkeypatch):
     yield values
 
 
-def _snapshot(folder: Path) -> dict[str, int]:
-    return {str(p): p.stat().st_mtime_ns for p in folder.rglob("*")} if folder.is_dir() else {}
-
-
 ENVIRONMENT_FOLDERS = {"serving": "serving", "engine_llama": "llama", "engine_mlx": "mlx", "engine_onnx": "onnx"}
 
 
@@ -95,15 +104,13 @@ def pytest_collection_modifyitems(items):
                 item.add_marker(getattr(pytest.mark, marker))
 
 
-def pytest_sessionstart(session):
-    session.config._user_hf_cache = _snapshot(USER_HF_CACHE)
-
-
 def pytest_sessionfinish(session, exitstatus):
-    """Fails the run if anything in the user's real Hugging Face cache appeared, changed or vanished."""
-    before, after = session.config._user_hf_cache, _snapshot(USER_HF_CACHE)
-    if before != after:
-        changed = sorted(set(before) ^ set(after) | {p for p in before.keys() & after.keys() if before[p] != after[p]})
+    """Fails the run if a process of the suite tried to write to the user's caches, naming the test and the path."""
+    if hasattr(session.config, "workerinput"):
+        return  # a pytest-xdist worker: its controller reads what every process recorded
+    writes = cache_guard.recorded_writes(json.loads(os.environ[cache_guard.VARIABLE])["session"])
+    if writes:
+        lines = sorted({f"  {w['test']}: {w['event']} {w['path']}" for w in writes})
         session.config.get_terminal_writer().line(
-            f"the tests touched the user's Hugging Face cache {USER_HF_CACHE}: {changed[:5]}", red=True)
+            "\nthe test suite tried to write to the user's cache (refused):\n" + "\n".join(lines), red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

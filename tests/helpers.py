@@ -171,6 +171,14 @@ def gated_qwen_command(*args) -> list[str]:
 
 
 # ------------------------------------------------------------------------------ what a command writes, and refuses
+def bare_environment(hf_home: str | os.PathLike) -> dict[str, str]:
+    """The environment of a fresh interpreter that must not find this package: system PATH, offline, one thread,
+    `hf_home` as its Hugging Face cache, and the session's HOME, caches and cache guard (tests/conftest.py)."""
+    kept = {name: os.environ[name] for name in ("HOME", "XDG_CACHE_HOME", "GATED_QWEN_TESTS_GUARD")}
+    return {**kept, "PYTHONPATH": str(ROOT / "tests" / "hermetic"), "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1",
+            "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}  # one thread, as the test process: same reductions
+
+
 def tree(root: Path) -> dict[str, bytes | str]:
     """Every entry under `root`: file contents, link targets, folders."""
     out = {}

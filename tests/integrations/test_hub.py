@@ -15,7 +15,7 @@ import httpx2
 import huggingface_hub
 import pytest
 import torch
-from helpers import TINY, assert_refused
+from helpers import TINY, assert_refused, bare_environment
 from huggingface_hub import ModelCard, constants
 from huggingface_hub.errors import OfflineModeIsEnabled
 from huggingface_hub.utils._http import default_client_factory
@@ -399,8 +399,7 @@ def test_push_to_hub_uploads_a_folder_that_loads_without_the_package(fake_hub, t
         (pushed / name).write_bytes(content)
     ids = torch.randint(0, TINY["vocab_size"], (2, 10), generator=torch.Generator().manual_seed(0))
     torch.save(ids, tmp_path / "ids.pt")
-    env = {"HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin",
-           "OMP_NUM_THREADS": "1"}  # the test process computes on one thread (conftest.py): same reductions
+    env = bare_environment(tmp_path / "hf_home")
     result = subprocess.run(
         [sys.executable, "-c", FRESH_PROCESS, str(pushed), str(tmp_path / "ids.pt"), str(tmp_path / "out.pt")],
         env=env, capture_output=True, text=True, timeout=300, check=False,

@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import SMALL, gate_variants, randomize_, sizes
+from helpers import SMALL, bare_environment, gate_variants, randomize_, sizes
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -460,8 +460,7 @@ def test_remote_code_load_without_the_package(tmp_path):
     expected["grads"] = {name: p.grad for name, p in model.named_parameters()
                          if ".gate." in name or name.endswith(("q_proj.weight", "embed_tokens.weight"))}
     torch.save(expected, tmp_path / "expected.pt")
-    env = {"HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin",
-           "OMP_NUM_THREADS": "1"}  # the test process computes on one thread (conftest.py): same reductions
+    env = bare_environment(tmp_path / "hf_home")
     result = subprocess.run(
         [sys.executable, "-c", REMOTE_CODE_CHECK, str(tmp_path / "model"), str(tmp_path / "expected.pt")],
         capture_output=True, text=True, env=env, timeout=300,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import SMALL, TINY_MOE, gate_variants, randomize_, sizes
+from helpers import SMALL, TINY_MOE, bare_environment, gate_variants, randomize_, sizes
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -530,8 +530,7 @@ def test_save_load_and_remote_code_without_the_package(tmp_path):
     with torch.no_grad():
         out = model(x, output_router_logits=True)
     torch.save({"ids": x, "logits": out.logits, "router_logits": out.router_logits}, tmp_path / "expected.pt")
-    env = {"HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin",
-           "OMP_NUM_THREADS": "1"}  # the test process computes on one thread (conftest.py): same reductions
+    env = bare_environment(tmp_path / "hf_home")
     result = subprocess.run(
         [sys.executable, "-c", REMOTE_CODE_CHECK, str(tmp_path / "model"), str(tmp_path / "expected.pt")],
         capture_output=True, text=True, env=env, timeout=300,

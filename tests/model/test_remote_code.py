@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import SMALL, TINY, TINY_MOE, randomize_, sizes
+from helpers import SMALL, TINY, TINY_MOE, bare_environment, randomize_, sizes
 from safetensors.torch import load_file, save_file
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, GatedQwenMoeConfig, GatedQwenMoeForCausalLM
@@ -101,8 +101,7 @@ def test_the_shipped_code_keeps_the_loading_promises_without_the_package(tmp_pat
         dense.save_pretrained(tmp_path / "gated")
         cases["release"] = (convert(tmp_path / "gated", tmp_path / "release", to_format="release", verify=False), {})
     folders = {"saved": str(saved), **{case: (str(folder), kwargs) for case, (folder, kwargs) in cases.items()}}
-    env = {"HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin",
-           "OMP_NUM_THREADS": "1"}  # the test process computes on one thread (conftest.py): same reductions
+    env = bare_environment(tmp_path / "hf_home")
     result = subprocess.run([sys.executable, "-c", WITHOUT_THE_PACKAGE, json.dumps(folders)],
                             capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
