@@ -77,8 +77,27 @@ def test_generation_with_the_cache_matches_generation_without_it():
 def test_head_shared_gate_style_is_in_the_registry_tensor_parallelism_reads():
     from transformers.distributed import tensor_parallel
 
+    GatedQwenForCausalLM(GatedQwenConfig(**SMALL))  # a model registers the style when it is built
     assert compat.ALL_PARALLEL_STYLES is tensor_parallel.ALL_PARALLEL_STYLES
     assert "head_shared_gate" in tensor_parallel.ALL_PARALLEL_STYLES
+
+
+def test_head_shared_gate_style_takes_the_arguments_tensor_parallelism_passes():
+    """Each hook the style overrides takes every parameter of the installed Transformers' own (5.25 added `config`),
+    and nothing more without a default."""
+    import inspect
+
+    from transformers.distributed import tensor_parallel
+
+    GatedQwenForCausalLM(GatedQwenConfig(**SMALL))  # a model registers the style when it is built
+    style = type(tensor_parallel.ALL_PARALLEL_STYLES["head_shared_gate"])
+    hooks = [name for name in vars(style) if callable(getattr(compat.TensorParallelLayer, name, None))]
+    assert "transform_output_post_forward" in hooks
+    for name in hooks:
+        expected = inspect.signature(getattr(compat.TensorParallelLayer, name)).parameters
+        ours = inspect.signature(getattr(style, name)).parameters
+        assert list(ours)[:len(expected)] == list(expected), name
+        assert all(p.default is not p.empty for p in list(ours.values())[len(expected):]), name
 
 
 # ------------------------------------------------------------------------ the package's ties to Transformers' internals

@@ -259,7 +259,7 @@ if is_torch_distributed_available():
     class HeadSharedGateParallel(TensorParallelLayer):
         """Replicated gate projection whose output feeds sharded heads: sums the output's gradient over ranks."""
 
-        def transform_output_post_forward(self, module, output, mesh):
+        def transform_output_post_forward(self, module, output, mesh, config=None):  # config: passed by 5.25
             if torch.is_grad_enabled() and output.requires_grad:
                 return _SumGradientOverRanks.apply(output, mesh.get_group())
             return output
