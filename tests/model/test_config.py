@@ -138,3 +138,16 @@ def test_presets_build_on_the_meta_device():
             model = GatedQwenForCausalLM(c)
         assert model.model.layers[0].self_attn.gate.g_proj.weight.is_meta
         assert model.model.layers[0].self_attn.gate.g_proj.out_features == c.num_key_value_heads
+
+
+@pytest.mark.parametrize("cls", ["GatedQwenConfig", "GatedQwenMoeConfig"])
+def test_the_configs_docstring_example_builds_the_model_it_describes(cls):
+    """The example a saved folder's config file carries uses only what the folder has (no package function)."""
+    import gated_qwen
+
+    config_class = getattr(gated_qwen, cls)
+    lines = [line.strip()[4:] for line in config_class.__doc__.splitlines() if line.strip()[:4] in (">>> ", "... ")]
+    namespace = {name: getattr(gated_qwen, name) for name in (cls, cls.replace("Config", "ForCausalLM"))}
+    exec("\n".join(lines), namespace)
+    assert type(namespace["config"]) is config_class and namespace["config"].gate_granularity == "headwise"
+    assert namespace["model"].config is namespace["config"]

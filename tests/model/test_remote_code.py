@@ -129,7 +129,7 @@ def test_the_shipped_code_keeps_the_loading_promises_without_the_package(tmp_pat
     assert f"the checkpoint's {OTHER} has shape" in refusals["tensor of another shape"]
     assert "gate_position" in refusals["bad config value"] and "'g9'" in refusals["bad config value"]
     if kind == "dense":  # the package reads the paper's release; a folder's own code names it
-        assert "model_type 'qwen3'" in refusals["release"] and "pip install gated-qwen" in refusals["release"]
+        assert "model_type 'qwen3'" in refusals["release"] and "the gated_qwen package" in refusals["release"]
         assert with_the_package["release"] == {"loaded": "gated_qwen.model.modeling_gated"}
     assert answers["tensor of another shape, allowed"]["loaded"].startswith("transformers_modules")
     assert "loaded" in with_the_package["tensor of another shape, allowed"]

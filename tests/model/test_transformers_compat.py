@@ -135,3 +135,22 @@ def test_the_cache_is_kept_off_device_placement_under_the_name_the_installed_tra
     from transformers.models.qwen3.modeling_qwen3 import Qwen3PreTrainedModel
 
     assert GatedQwenForCausalLM._skip_keys_device_placement == Qwen3PreTrainedModel._skip_keys_device_placement
+
+
+@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
+def test_a_plan_assigned_as_5_17_to_5_19_do_keeps_the_derived_rules_and_stays_out_of_config_json(moe):
+    """5.17 - 5.19 assign the config's plan with their tied-embedding rule added (`derived_plan`): the config then
+    gives the plan it derives from its fields plus that rule, again after a second assignment, and config.json
+    holds no plan."""
+    from gated_qwen import GatedQwenMoeConfig
+
+    fields = dict(SMALL, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32) if moe else SMALL
+    cls = GatedQwenMoeConfig if moe else GatedQwenConfig
+    config, derived = cls(**fields), cls(**fields).base_model_tp_plan
+    config.base_model_tp_plan = {**config.base_model_tp_plan, "embed_tokens": "embedding_rowwise"}
+    config.base_model_tp_plan = {**config.base_model_tp_plan, "embed_tokens": "embedding_rowwise"}
+    assert config.base_model_tp_plan == {**derived, "embed_tokens": "embedding_rowwise"}
+    config.gate_granularity = "headwise"  # the derived rules follow the fields; the assigned one stays
+    assert config.base_model_tp_plan == {**cls(**fields, gate_granularity="headwise").base_model_tp_plan,
+                                         "embed_tokens": "embedding_rowwise"}
+    assert "base_model_tp_plan" not in config.to_dict()

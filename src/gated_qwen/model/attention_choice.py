@@ -19,15 +19,15 @@ from .transformers_compat import hub_attention_kernel_loader
 
 logger = logging.get_logger(__name__)
 PACKAGE_KERNEL_HINT = (f"the fused Triton kernel with the gate in its epilogue (attn_implementation='{FUSED_ATTENTION}') "
-                       "runs on a CUDA GPU where the gated_qwen package is installed and imported before the model is "
-                       "loaded: pip install 'gated-qwen[triton]', then import gated_qwen")
+                       "runs on a CUDA GPU where the gated_qwen package, with Triton, is imported before the model is "
+                       "loaded")
 # The Hub kernels that did not load in this process, and why: {(repo, revision): reason}. Tried once each.
 HUB_KERNEL_FAILURES: dict[tuple[str, str], str] = {}
 
 
 def hub_kernel_attention(config: GatedQwenConfig) -> Callable | None:
     """The attention function of the Hub kernel that `config` names (`hub_kernel_repo` at the commit
-    `hub_kernel_revision`: the package's kernel, built by `make kernel-repo`), registered in Transformers' attention
+    `hub_kernel_revision`: the gated_qwen package's kernel as a Hub kernel), registered in Transformers' attention
     registry as the fused attention, with its mask; None where the config names none, `kernels` is not installed, or
     the kernel does not load (`HUB_KERNEL_FAILURES` says why). Loaded through Transformers' own route for Hub attention
     kernels where it has one (`hub_attention_kernel_loader`: "repo@revision:gated_attention_forward"), else with
@@ -66,7 +66,7 @@ def fused_kernel_hint(config: GatedQwenConfig) -> str:
     hub = f"the Hub kernel {repo} at {revision[:12]} that config.json names"
     if (repo, revision) in HUB_KERNEL_FAILURES:
         return f"{hub} did not load ({HUB_KERNEL_FAILURES[repo, revision]}); else {PACKAGE_KERNEL_HINT}"
-    return (f"{hub} runs on a CUDA GPU where Hugging Face's kernels library is installed (pip install kernels); or "
+    return (f"{hub} runs on a CUDA GPU where Hugging Face's kernels library is installed; or "
             f"{PACKAGE_KERNEL_HINT}")
 
 

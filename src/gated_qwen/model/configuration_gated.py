@@ -1,6 +1,5 @@
 """`GatedQwenConfig` (model_type "gated_qwen"): Qwen3's config plus the gate of Qiu et al. (2025). The mixture of
-experts, `GatedQwenMoeConfig` ("gated_qwen_moe"), is configuration_gated_moe.py; the paper's presets are the
-package's (`from_paper`, gated_qwen/paper_presets.py).
+experts, `GatedQwenMoeConfig` ("gated_qwen_moe"), is configuration_gated_moe.py.
 
 Each is a strict dataclass like `Qwen3Config`: every field is checked when it is set (at construction and on assignment
 later), the rules that tie fields together when the config is built and by `config.validate()` (which
@@ -28,6 +27,7 @@ from .gating import (
     SDPA_OUTPUT_TRANSFORMS,
     canonical_position,
 )
+from .transformers_compat import derived_plan
 
 # What building or changing a config raises for a bad value: a strict-dataclass error (one field, or a rule across
 # fields) or a ValueError (an unknown gate field, a preset name).
@@ -109,7 +109,7 @@ def _hub_kernel_repo(value) -> None:
     if value is not None and not (isinstance(value, str) and len(value) <= 96 and _REPO_ID.fullmatch(value)
                                   and ".." not in value and "--" not in value):
         raise ValueError(f"`hub_kernel_repo` must be None (no Hub kernel) or the id of a Hub kernel repository, "
-                         f"'owner/name' (e.g. the one `make kernel-repo` builds, once uploaded), got {value!r}.")
+                         f"'owner/name', got {value!r}.")
 
 
 def _hub_kernel_revision(value) -> None:
@@ -154,14 +154,13 @@ class GatedQwenConfig(Qwen3Config):
         RMSNorm with a learned `head_dim` weight) or `"silu"` (a parameter-free SiLU).
     hub_kernel_repo (`str` or `None`, defaults to `None`), hub_kernel_revision (`str` or `None`, defaults to `None`):
         The Hub kernel a saved folder's own code uses as its default attention on a CUDA GPU where the gated_qwen
-        package is not installed and Hugging Face's `kernels` is: a kernel repository id (`"owner/name"`, built by
-        `make kernel-repo`) and the commit to load (40 hex digits). Both or neither; `None`: no Hub kernel. The
+        package is not installed and Hugging Face's `kernels` is: a kernel repository id (`"owner/name"`) and the commit to load (40 hex digits). Both or neither; `None`: no Hub kernel. The
         package, where it is imported, uses its own kernel and ignores them.
 
     Example:
     ```python
-    >>> from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
-    >>> config = GatedQwenConfig.from_paper("dense-1.7b-28l", gate_granularity="headwise")
+    >>> config = GatedQwenConfig(vocab_size=1000, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+    ...                          num_attention_heads=4, num_key_value_heads=2, head_dim=32, gate_granularity="headwise")
     >>> model = GatedQwenForCausalLM(config)
     ```
     """
@@ -191,7 +190,7 @@ class GatedQwenConfig(Qwen3Config):
     gate_bias: bool = DEFAULTS["gate_bias"]
     gate_layers: list[int] | None = validated_field(_layer_list("gate_layers", "every layer"), default=None)
     sdpa_output_transform: Literal[SDPA_OUTPUT_TRANSFORMS] | None = None
-    # The Hub kernel of a saved folder without the package (docs/kernel.md).
+    # The Hub kernel of a saved folder without the package.
     hub_kernel_repo: str | None = validated_field(_hub_kernel_repo, default=None)
     hub_kernel_revision: str | None = validated_field(_hub_kernel_revision, default=None)
 
@@ -292,7 +291,7 @@ class GatedQwenConfig(Qwen3Config):
             )
 
     # ------------------------------------------------------------------------------------------- plans
-    @property
+    @derived_plan
     def base_model_tp_plan(self) -> dict[str, str]:
         """The tensor-parallel plan (`tp_plan="auto"`): Qwen3's rules for the parameters this config has, and the
         gate's. TP splits the heads across ranks; a per-head gate (G1-G4, head-specific: its rows are laid out per
@@ -318,16 +317,7 @@ class GatedQwenConfig(Qwen3Config):
                 plan[f"{attn}.gate.logits"] = "colwise"
                 plan[f"{attn}.gate"] = "local_params"  # the gate computes with its local rows of `logits`
         plan |= {f"{mlp}.gate_proj": "colwise", f"{mlp}.up_proj": "colwise", f"{mlp}.down_proj": "rowwise"}
-        return plan | self.__dict__.get("base_model_tp_plan", {})
-
-    @base_model_tp_plan.setter
-    def base_model_tp_plan(self, plan: dict[str, str]) -> None:
-        # Transformers 5.17-5.19 add their rule for tied input embeddings ("embed_tokens": "embedding_rowwise") to the
-        # config's plan (5.24 adds it to the model's). The rules this property does not derive are kept in the
-        # instance dict under the property's name, which Transformers leaves out of config.json.
-        self.__dict__["base_model_tp_plan"] = {}
-        derived = self.base_model_tp_plan
-        self.__dict__["base_model_tp_plan"] = {rule: style for rule, style in plan.items() if derived.get(rule) != style}
+        return plan
 
 
 def _dense_error(what: str) -> str:
@@ -341,7 +331,7 @@ def model_type_error(cls, config_dict: dict, source: str) -> str:
     if config_dict.get("model_type") not in GATED_MODEL_TYPES:
         return (f"{source} has model_type {config_dict.get('model_type')!r}; this code reads "
                 f"{' and '.join(repr(t) for t in GATED_MODEL_TYPES)} folders. Folders of other formats are read by "
-                "the gated_qwen package (`gated-qwen convert --help` lists them): pip install gated-qwen.")
+                "the gated_qwen package (`gated-qwen convert --help` lists them).")
     if config_dict["model_type"] == GATED_MODEL_TYPES[1]:
         what, readers = (f"a mixture of experts (num_experts={config_dict.get('num_experts')!r})",
                          "GatedQwenMoeConfig and the GatedQwenMoe* models (e.g. GatedQwenMoeForCausalLM)")

@@ -10,6 +10,7 @@ from typing import ClassVar
 from huggingface_hub.dataclasses import strict, validated_field
 
 from .configuration_gated import GatedQwenConfig, at_least_zero, is_int, non_negative_number, positive
+from .transformers_compat import derived_plan
 
 # What a saved folder's config.json names for loading with `trust_remote_code=True` where the package is absent.
 MOE_AUTO_MAP = {
@@ -58,8 +59,9 @@ class GatedQwenMoeConfig(GatedQwenConfig):
 
     Example:
     ```python
-    >>> from gated_qwen import GatedQwenMoeConfig, GatedQwenMoeForCausalLM
-    >>> config = GatedQwenMoeConfig.from_paper("moe-15a2b", gate_granularity="headwise")
+    >>> config = GatedQwenMoeConfig(vocab_size=1000, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+    ...                             num_key_value_heads=2, head_dim=32, num_experts=8, num_experts_per_tok=2,
+    ...                             moe_intermediate_size=64, gate_granularity="headwise")
     >>> model = GatedQwenMoeForCausalLM(config)
     ```
     """
@@ -116,12 +118,12 @@ class GatedQwenMoeConfig(GatedQwenConfig):
         dense = set(self.mlp_only_layers or [])
         return [i for i in range(self.num_hidden_layers) if i not in dense and (i + 1) % self.decoder_sparse_step == 0]
 
-    @GatedQwenConfig.base_model_tp_plan.getter
+    @derived_plan
     def base_model_tp_plan(self) -> dict[str, str]:
         """GatedQwenConfig's plan (the dense MLP's rules only where some layer keeps it), Qwen3-MoE's expert rules
         (the router is replicated) and Qwen3-Next's shared-expert rules when there is one."""
         mlp = "layers.*.mlp"
-        plan = super().base_model_tp_plan
+        plan = GatedQwenConfig.base_model_tp_plan.fget(self)
         if len(self.sparse_layers) == self.num_hidden_layers:  # no layer keeps the dense MLP
             plan = {rule: style for rule, style in plan.items() if not rule.startswith(f"{mlp}.")}
         plan |= {f"{mlp}.experts.gate_up_proj": "packed_colwise", f"{mlp}.experts.down_proj": "rowwise",

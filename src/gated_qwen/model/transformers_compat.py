@@ -1,20 +1,19 @@
-"""The Transformers APIs that the model files use and that moved between the versions they run on: 5.17 (the oldest
-met, the GPU machine's image), 5.19 (what vLLM 0.32 pins, under which its Transformers backend runs a saved folder's
-code) and 5.24 (this project's lock). The model files import these names from here and nowhere else; each is chosen
-once, at import, by what the installed Transformers has (not by its version number, which says nothing about the
-releases in between).
+"""The Transformers APIs that the model files use and that moved between the versions they run on: 5.17 and later
+(5.19 is what vLLM 0.32 pins, under which its Transformers backend runs a saved folder's code). The model files import
+these names from here and nowhere else; each is chosen once, at import, by what the installed Transformers has (not by
+its version number, which says nothing about the releases in between).
 
-| name                          | 5.25 (the lock)                                   | 5.17 - 5.19                                    |
+| name                          | 5.25                                              | 5.17 - 5.19                                    |
 |-------------------------------|---------------------------------------------------|------------------------------------------------|
 | `ALL_PARALLEL_STYLES`         | `transformers.distributed.parallel_utils`         | `transformers.distributed.tensor_parallel`     |
 | `slice_logits_to_keep`        | `transformers.modeling_utils`                     | absent: Qwen3's own slice, defined here        |
 | the cache argument of masks   | `create_causal_mask(cache=...)`                   | `create_causal_mask(past_key_values=...)`      |
 | the cache field of outputs    | `BaseModelOutputWithPast.cache`                   | `BaseModelOutputWithPast.past_key_values`      |
 | `hub_attention_kernel_loader` | 5.25 with kernels 0.19: Transformers' own loader  | None: the model files load it with `kernels`   |
+| `derived_plan`                | the config's plan as derived                      | keeps the tied-embedding rule they assign      |
 
 Forwards take the cache as `cache` in every version: `@deprecate_kwarg("past_key_values", ..., new_name="cache")`
-renames what older `generate` passes. tests/model/test_transformers_compat.py checks each choice against the installed
-Transformers; `make test` (5.25), `make test-serving` (5.19) and `make test-compat` (5.17) run it.
+renames what older `generate` passes.
 
 This file is copied to the Hugging Face Hub beside `modeling_gated.py`: relative imports only.
 """
@@ -55,6 +54,24 @@ def create_sliding_window_causal_mask(*, cache, **kwargs):
     return masking_utils.create_sliding_window_causal_mask(**{MASK_CACHE_ARGUMENT: cache}, **kwargs)
 
 
+def derived_plan(derive):
+    """A config's `base_model_tp_plan` as a property computed from its fields by `derive(config)`. 5.17 - 5.19 assign
+    their rule for tied input embeddings ("embed_tokens": "embedding_rowwise") to the config's plan (later releases add
+    it to the model's): what an assignment holds beyond the derived rules is kept in the instance dict under the
+    property's name, which Transformers leaves out of config.json, and added to what the property gives."""
+    name = derive.__name__
+
+    def get(config) -> dict[str, str]:
+        return derive(config) | config.__dict__.get(name, {})
+
+    def assign(config, plan: dict[str, str]) -> None:
+        config.__dict__[name] = {}
+        derived = get(config)
+        config.__dict__[name] = {rule: style for rule, style in plan.items() if derived.get(rule) != style}
+
+    return property(get, assign, doc=derive.__doc__)
+
+
 def hub_attention_kernel_loader():
     """Transformers' own route for a Hub attention kernel, `load_and_register_attn_kernel("repo@revision:function",
     allow_all_kernels=...)`, where the installed Transformers has it and accepts the installed `kernels` (5.25 with
@@ -69,7 +86,7 @@ def hub_attention_kernel_loader():
 
 
 __all__ = ["CACHE_FIELD", "MASK_CACHE_ARGUMENT", "create_causal_mask", "create_sliding_window_causal_mask",
-           "hub_attention_kernel_loader", "slice_logits_to_keep"]
+           "derived_plan", "hub_attention_kernel_loader", "slice_logits_to_keep"]
 
 if is_torch_distributed_available():
     from transformers.distributed.tensor_parallel import TensorParallelLayer
