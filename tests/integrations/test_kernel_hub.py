@@ -342,13 +342,13 @@ def test_a_saved_folder_without_the_package_uses_the_hub_kernel_its_config_names
     route = "transformers" if hub_attention_kernel_loader() is not None else "kernels"
     cpu = seen["cpu"]
     assert cpu["attention"] == "sdpa" and cpu["loads"] == []
-    assert [level for level, _ in cpu["lines"]] == ["INFO"] and "pip install kernels" in cpu["lines"][0][1]
+    assert [level for level, _ in cpu["lines"]] == ["INFO"] and "kernels library is installed" in cpu["lines"][0][1]
     assert REPO_ID in cpu["lines"][0][1]
     assert ("no kernels" in seen) == (not needs_kernels)
     if not needs_kernels:
         no_kernels = seen["no kernels"]
         assert no_kernels["attention"] == "sdpa" and [level for level, _ in no_kernels["lines"]] == ["WARNING"]
-        assert "pip install kernels" in no_kernels["lines"][0][1]
+        assert "kernels library is installed" in no_kernels["lines"][0][1]
         assert "then import gated_qwen" in no_kernels["lines"][0][1]
     missing = seen["not on the Hub"]
     assert missing["attention"] == "sdpa" and [level for level, _ in missing["lines"]] == ["WARNING"]
