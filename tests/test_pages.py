@@ -58,3 +58,10 @@ def test_pages_say_what_is(page):
     assert not re.findall(r"(?i)\bsessions?\b", prose), f"{page.name} speaks of sessions"
     history = [h for h in re.findall(r"^#+ .*$", prose, flags=re.M) if re.search(r"(?i)\bissues? \d", h)]
     assert not history, f"{page.name}: headings that tell history: {history}"
+
+
+def test_the_license_file_is_the_one_pyproject_declares():
+    import tomllib
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["license"]
+    assert declared == "MIT" and (ROOT / "LICENSE").read_text().startswith("MIT License\n")
