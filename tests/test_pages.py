@@ -61,7 +61,5 @@ def test_pages_say_what_is(page):
 
 
 def test_the_license_file_is_the_one_pyproject_declares():
-    import tomllib
-
-    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["license"]
-    assert declared == "MIT" and (ROOT / "LICENSE").read_text().startswith("MIT License\n")
+    declared = re.findall(r'^license = "(.*)"$', (ROOT / "pyproject.toml").read_text(), flags=re.M)
+    assert declared == ["MIT"] and (ROOT / "LICENSE").read_text().startswith("MIT License\n")
