@@ -299,7 +299,7 @@ def nested(depth: int) -> str:
 
 def damaged_header(folder, how: str) -> None:
     """model.safetensors whose header lies about its first tensor: its dtype (F32 said F16, so the bytes do not match
-    the shape) or its offsets (beyond the data)."""
+    the shape) or its offsets (beyond the data); or whose `__metadata__` is not a map of strings ("metadata")."""
     import struct
 
     data = (folder / "model.safetensors").read_bytes()
@@ -308,6 +308,8 @@ def damaged_header(folder, how: str) -> None:
     first = sorted(name for name in header if name != "__metadata__")[0]
     if how == "dtype":
         header[first]["dtype"] = "F16"
+    elif how == "metadata":
+        header["__metadata__"] = {"format": 1}
     else:
         header[first]["data_offsets"][1] += 10**6
     raw = json.dumps(header).encode()
@@ -348,6 +350,13 @@ BAD_FILES = {  # case -> (how MODEL is damaged, the command's arguments after MO
                                   "MODEL '{m}': model.safetensors is not a readable safetensors file"),
     "a header whose offsets lie": (lambda m: damaged_header(m, "offsets"), ["eval-ppl", "MODEL", "--lengths", "8"],
                                    "MODEL '{m}': model.safetensors is not a readable safetensors file"),
+    **{f"a header whose __metadata__ is not a map of strings: {command}": (
+        lambda m: damaged_header(m, "metadata"), args, f"{where}model.safetensors{within} is not a readable safetensors "
+        'file (its __metadata__ is {{"format": 1}}, not a map of strings)') for command, args, where, within in (
+            ("convert", ["convert", "MODEL", "OUT", "--to", "release"], "", " in SRC"),
+            ("convert --no-verify", ["convert", "MODEL", "OUT", "--to", "release", "--no-verify"], "", " in SRC"),
+            ("analyze", ["analyze", "MODEL", "--length", "8", "--out", "OUT"], "MODEL '{m}': ", ""),
+            ("eval-ppl", ["eval-ppl", "MODEL", "--lengths", "8"], "MODEL '{m}': ", ""))},
     **{f"model.safetensors linking to itself: {command}": (
         lambda m: ((m / "model.safetensors").unlink(), (m / "model.safetensors").symlink_to("model.safetensors")),
         args, "MODEL '{m}': model.safetensors is a link loop") for command, args in (

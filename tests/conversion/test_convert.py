@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import errno
+import importlib
 import json
 import os
 import shutil
@@ -496,6 +497,36 @@ def test_a_carried_file_swapped_for_a_link_after_the_weights_is_not_copied(tmp_p
     assert main(["convert", str(src), str(tmp_path / "dst"), "--from", "qwen3", "--no-verify"]) == 0
     assert (src / "tokenizer.json").is_symlink()
     assert (tmp_path / "dst" / "tokenizer.json").read_text() == '{"model": "tiny"}'
+
+
+@pytest.mark.parametrize("how", ["grows", "truncated"])
+@pytest.mark.parametrize("moment", ["before verifying", "after verify read it"])
+def test_src_changing_while_converting_is_one_line_with_verify(tmp_path, monkeypatch, capsys, how, moment):
+    """--verify reads SRC again by its name; SRC's model.safetensors growing or truncated once the weights are
+    staged (before --verify reads it: the read fails), or after --verify read it again (the read succeeded): one
+    line, exit 2, nothing written."""
+    verify_module = importlib.import_module("gated_qwen.conversion.verify")
+    src = tmp_path / "src"
+    randomize_(Qwen3ForCausalLM(Qwen3Config(**TINY))).save_pretrained(src)
+    weights = src / "model.safetensors"
+    size = weights.stat().st_size
+    now = size + 4096 if how == "grows" else size // 2
+    if moment == "before verifying":
+        swapping_when(monkeypatch, "end", lambda: os.truncate(weights, now))
+    else:
+        read_again = verify_module.model_logits
+
+        def model_logits(folder, *args, **kwargs):
+            logits = read_again(folder, *args, **kwargs)
+            if Path(folder) == src:
+                os.truncate(weights, now)
+            return logits
+
+        monkeypatch.setattr(verify_module, "model_logits", model_logits)
+    assert_refused(capsys, ["convert", str(src), str(tmp_path / "dst"), "--from", "qwen3", "--verify"],
+                   f"SRC changed while converting: {weights} is {now} bytes, not the {size} read. Nothing was "
+                   "written", tmp_path / "dst", bars=True)
+    assert weights.stat().st_size == now  # the change happened during the run
 
 
 def test_a_model_in_a_sub_folder_of_a_cache_snapshot_is_read_through_its_links(qwen3_sources, tmp_path, capsys):

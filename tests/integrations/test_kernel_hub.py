@@ -134,13 +134,16 @@ def test_the_repository_replaces_only_a_folder_it_wrote(tmp_path, capsys):
     assert f"{str(tmp_path / 'a-file')!r}, which would hold OUT" in err and "is a file, not a folder" in err, err
 
 
-def test_the_hub_kernel_is_asked_for_at_the_commit_config_json_pins(hub, monkeypatch):
-    """What `kernels.get_kernel` is called with (recorded; it answers with the local build): the repository and the
-    commit that config.json names (`hub_kernel_revision`), never a branch or a version, and trust for that repository
+@pytest.mark.parametrize("route", ["transformers", "kernels"])
+def test_the_hub_kernel_is_asked_for_at_the_commit_config_json_pins(hub, monkeypatch, route):
+    """What each route asks `kernels` for (recorded; it answers with the local build): the repository and the commit
+    that config.json names (`hub_kernel_revision`), never a branch or a version, and trust for that repository
     (Transformers' route takes it as a flag, the folder's own call as the repository's name); what it returns is the
-    attention registered as the fused one. Where Transformers offers its route for Hub attention kernels (5.25 with
-    kernels 0.19, the locks), that route is the one asked. (`LOCAL_KERNELS`, which the test without the package uses,
-    ignores the revision asked for.)"""
+    attention registered as the fused one. "transformers": Transformers' route for Hub attention kernels
+    (`load_and_register_attn_kernel`, 5.25 with kernels 0.19, the locks); "kernels": that route unavailable, as under
+    5.17 and 5.19, so the folder's own `kernels.get_kernel` call runs. (`LOCAL_KERNELS`, which the test without the
+    package uses, ignores the revision asked for.)"""
+    from transformers.integrations import hub_kernels
     from transformers.masking_utils import AttentionMaskInterface
     from transformers.modeling_utils import AttentionInterface
 
@@ -148,30 +151,32 @@ def test_the_hub_kernel_is_asked_for_at_the_commit_config_json_pins(hub, monkeyp
     from gated_qwen.model.gating import FUSED_ATTENTION
 
     repo = "gated-qwen-test/pinned-kernel"
-    route = f"{repo}@{COMMIT}:gated_attention_forward"
     for interface in (AttentionInterface, AttentionMaskInterface):  # the registry as it was, after the test
         mapping = interface._global_mapping
-        for name in (FUSED_ATTENTION, route):
+        for name in (FUSED_ATTENTION, f"{repo}@{COMMIT}:gated_attention_forward"):
             monkeypatch.setitem(mapping, name, mapping.get(name))
+    monkeypatch.setattr(attention_choice, "HUB_KERNEL_FAILURES", {})
     calls = []
 
-    def get_kernel(*args, **kwargs):
-        calls.append((args, kwargs))
-        return hub
+    def recording(called):
+        def get_kernel(*args, **kwargs):
+            calls.append((called, args, kwargs))
+            return hub
+        return get_kernel
 
-    transformers_route = hub_attention_kernel_loader() is not None
-    if transformers_route:
-        from transformers.integrations import hub_kernels
-
-        monkeypatch.setattr(hub_kernels, "get_kernel_hub", get_kernel)
-    else:
-        monkeypatch.setattr(kernels, "get_kernel", get_kernel)
+    if route == "transformers" and hub_attention_kernel_loader() is None:
+        pytest.skip("this Transformers has no route for Hub attention kernels (5.17, 5.19)")
+    if route == "kernels":
+        monkeypatch.delattr(hub_kernels, "load_and_register_attn_kernel", raising=False)
+        assert hub_attention_kernel_loader() is None
+    monkeypatch.setattr(hub_kernels, "get_kernel_hub", recording("transformers"), raising=False)
+    monkeypatch.setattr(kernels, "get_kernel", recording("kernels"))
     config = GatedQwenConfig(**SMALL, hub_kernel_repo=repo, hub_kernel_revision=COMMIT)
     function = attention_choice.hub_kernel_attention(config)
     assert len(calls) == 1, calls
-    (args, kwargs), = calls
-    assert args == (repo,) and kwargs["revision"] == COMMIT and kwargs.get("version") is None
-    assert kwargs["trust_remote_code"] == (True if transformers_route else [repo])
+    (called, args, kwargs), = calls
+    assert called == route and args == (repo,) and kwargs["revision"] == COMMIT and kwargs.get("version") is None
+    assert kwargs["trust_remote_code"] == (True if route == "transformers" else [repo])
     assert function is hub.gated_attention_forward
     assert AttentionInterface._global_mapping[FUSED_ATTENTION] is hub.gated_attention_forward
 

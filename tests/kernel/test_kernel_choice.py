@@ -8,6 +8,8 @@ import copy
 import json
 import logging
 import math
+import os
+import threading
 
 import pytest
 import torch
@@ -18,6 +20,7 @@ from helpers import SMALL, randomize_, sizes
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, kernel
 from gated_qwen.kernel import attention, choice, parallel
+from gated_qwen.kernel.selfcheck import Combination
 
 if not kernel.triton_available():
     pytest.skip("no CUDA device and TRITON_INTERPRET was not set before import", allow_module_level=True)
@@ -243,14 +246,17 @@ def test_a_failed_write_leaves_the_file_as_it_was(monkeypatch, caplog, measured,
     assert len(launches) == 3 * (1 + 2)  # still the kernel, for this process: 3 timings + 3 × both layers
 
 
+@pytest.mark.parametrize("field, value", [("torch", "2.0.0"), ("gpu", "NVIDIA H100 80GB HBM3")])
 def test_a_stale_cache_is_ignored_with_one_line_and_measured_again_kernel_slower(monkeypatch, caplog, measured,
-                                                                                 launches):
+                                                                                 launches, field, value):
+    """A file measured under another torch, or another GPU's file (copied, or of a GPU whose name gives the same file
+    name), says: kernel; here the kernel is slower."""
     use_timer(monkeypatch, FakeTimer(kernel=1.0, sdpa=2.0))
     sdpa, fused = model_pair()
     no_grad_forward(fused, ids())
     stale = cache_content()
-    stale["identity"]["torch"] = "2.0.0"
-    choice.cache_file("cpu").write_text(json.dumps(stale))  # says: kernel, under another torch
+    now, stale["identity"][field] = stale["identity"][field], value
+    choice.cache_file("cpu").write_text(json.dumps(stale))
 
     measured()
     timer = use_timer(monkeypatch, FakeTimer(kernel=2.0, sdpa=1.0))
@@ -259,13 +265,21 @@ def test_a_stale_cache_is_ignored_with_one_line_and_measured_again_kernel_slower
         assert rel_err(no_grad_forward(fused, ids()), no_grad_forward(sdpa, ids())) <= TOL
     assert timer.timed == ["kernel", "sdpa"] and len(launches) == 1  # measured again: SDPA
     (line,) = [r.getMessage() for r in caplog.records if r.name == choice.logger.name]
-    assert "ignored" in line and f"torch '2.0.0' (now '{torch.__version__}')" in line
+    assert "ignored" in line and f"{field} {value!r} (now {now!r})" in line
     replaced = cache_content()
-    assert replaced["identity"]["torch"] == torch.__version__ and replaced["choices"][0]["path"] == "sdpa"
+    assert replaced["identity"] == choice.identity("cpu") and [c["path"] for c in replaced["choices"]] == ["sdpa"]
+
+
+SDPA_AT_32 = {"dtype": "float32", "head_dim": 16, "gate": "elementwise", "causal": True, "layout": "dense", "keys": 32,
+              "backward": False, "path": "sdpa", "kernel_ms": 2.0, "sdpa_ms": 1.0}  # what `ids()` without gradients asks
 
 
 @pytest.mark.parametrize("content", [b'{"identity": {', b"\xff\xfe\x00", b'{"choices": 3}', b"[]",
-                                     b'{"identity": {}, "choices": [{"dtype": "float32"}]}'])
+                                     b'{"identity": {}, "choices": [{"dtype": "float32"}]}',
+                                     b'{"identity": {}, "choices": ' + b"[" * 200_000 + b"]" * 200_000 + b"}",
+                                     json.dumps({"choices": [SDPA_AT_32]}).encode()],
+                         ids=["truncated", "not UTF-8", "no identity, no list", "a list", "a bad entry",
+                              "nested 200,000 deep", "no identity"])
 def test_a_corrupt_cache_is_ignored_with_one_line_and_measured_again_kernel_faster(monkeypatch, caplog, measured,
                                                                                    launches, content):
     choice.cache_file("cpu").parent.mkdir(parents=True)
@@ -278,6 +292,132 @@ def test_a_corrupt_cache_is_ignored_with_one_line_and_measured_again_kernel_fast
     lines = [r.getMessage() for r in caplog.records if r.name == choice.logger.name]
     assert len(lines) == 1 and "ignored" in lines[0] and str(choice.cache_file("cpu")) in lines[0]
     assert cache_content()["choices"][0]["path"] == "kernel"  # replaced whole
+
+
+def choice_key(keys=32):
+    """The key of `ids()`'s calls without gradients (`SDPA_AT_32`'s), or of another length bucket."""
+    return choice.ChoiceKey(Combination("cpu", torch.float32, 16, "elementwise", True, "dense"), keys, False)
+
+
+def written_file(monkeypatch, measured) -> str:
+    """The text `_write` writes for two choices measured kernel faster (keys <= 32 and <= 1024), checked to be used
+    as it is by the next process."""
+    use_timer(monkeypatch, FakeTimer(kernel=1.0, sdpa=2.0))
+    for keys in (32, 1024):
+        choice.measure(choice_key(keys), lambda: None, lambda: None)
+    measured()
+    assert choice.known(choice_key()) == choice.Choice(True, 1.0, 2.0, from_file=True)
+    measured()
+    return choice.cache_file("cpu").read_text()
+
+
+def _edit(**changes):
+    """The file with its fields changed: `identity`/`choices` replaced, or added (a field `_write` never writes)."""
+    return lambda text: json.dumps(json.loads(text) | changes)
+
+
+def _replace(old, new):
+    def edit(text):
+        assert old in text
+        return text.replace(old, new, 1)
+    return edit
+
+
+NOT_AS_WRITTEN = {
+    "truncated": lambda text: text[: len(text) // 2],
+    "not UTF-8": lambda text: text.encode().replace(b"float32", b"float\xff32", 1),
+    "not a JSON object": lambda text: f"[{text}]",
+    "no identity": lambda text: json.dumps({"choices": json.loads(text)["choices"]}),
+    "an identity that is not an object": lambda text: json.dumps({**json.loads(text), "identity": "cpu"}),
+    "a field _write never writes": lambda text: json.dumps({**json.loads(text), "measured_by": "me"}),
+    "choices not a list": lambda text: json.dumps({**json.loads(text), "choices": {}}),
+    "nested 200,000 deep": lambda text: text.replace('"choices": [', '"choices": [' + "[" * 200_000 + "]" * 200_000
+                                                     + ", ", 1),
+    "an entry without kernel_ms": lambda text: json.dumps({**json.loads(text), "choices": [
+        {k: v for k, v in entry.items() if k != "kernel_ms"} for entry in json.loads(text)["choices"]]}),
+    "head_dim Infinity": _replace('"head_dim": 16', '"head_dim": Infinity'),
+    "head_dim 1e400": _replace('"head_dim": 16', '"head_dim": 1e400'),
+    "head_dim 2**64": _replace('"head_dim": 16', f'"head_dim": {2**64}'),
+    "head_dim 16.0": _replace('"head_dim": 16', '"head_dim": 16.0'),
+    "keys of 5,000 digits": _replace('"keys": 32', '"keys": 3' + "0" * 4999),
+    "keys 24 (no bucket)": _replace('"keys": 32', '"keys": 24'),
+    "kernel_ms NaN": _replace('"kernel_ms": 1.0', '"kernel_ms": NaN'),
+    "kernel_ms -1.0": _replace('"kernel_ms": 1.0', '"kernel_ms": -1.0'),
+    "kernel_ms a string": _replace('"kernel_ms": 1.0', '"kernel_ms": "1.0"'),
+    "path kernel, measured slower": _replace('"kernel_ms": 1.0', '"kernel_ms": 5.0'),
+    "causal 1": _replace('"causal": true', '"causal": 1'),
+    "dtype float (an alias)": _replace('"dtype": "float32"', '"dtype": "float"'),
+    "layout unknown": _replace('"layout": "dense"', '"layout": "sparse"'),
+}
+
+
+@pytest.mark.parametrize("case", list(NOT_AS_WRITTEN))
+def test_a_cache_not_exactly_as_written_is_ignored_with_one_line_never_merged_and_replaced(monkeypatch, caplog,
+                                                                                           measured, case):
+    """A file that `_write` wrote (used as it is), changed in one way: nothing of it is used (the kernel, which it
+    says is faster, is measured slower) or merged into the file that replaces it, and one line names it."""
+    damaged = NOT_AS_WRITTEN[case](written_file(monkeypatch, measured))
+    choice.cache_file("cpu").write_bytes(damaged if isinstance(damaged, bytes) else damaged.encode())
+    use_timer(monkeypatch, FakeTimer(kernel=2.0, sdpa=1.0))
+    with caplog.at_level(logging.INFO, logger=choice.logger.name):
+        assert choice.known(choice_key()) is None and not choice.CHOICES
+        assert choice.measure(choice_key(), lambda: None, lambda: None) == choice.Choice(False, 2.0, 1.0)
+    (line,) = [r.getMessage() for r in caplog.records if r.name == choice.logger.name]
+    assert line.startswith(f"{choice.cache_file('cpu')}: ignored, not a cache of kernel choices (") and len(line) < 500
+    assert cache_content() == {"identity": choice.identity("cpu"), "choices": [SDPA_AT_32]}
+
+
+@pytest.mark.parametrize("kind", ["a FIFO", "a link to /dev/null", "a folder"])
+def test_a_cache_that_is_not_a_regular_file_is_ignored_without_waiting_and_replaced(monkeypatch, caplog, measured,
+                                                                                      kind):
+    """Opened without waiting and never read: a FIFO's open or read would wait for a writer, and a device's read may
+    never end (/dev/zero). A FIFO or a link is replaced by the file written; a folder is left as it is (one more line:
+    not written)."""
+    path = choice.cache_file("cpu")
+    path.parent.mkdir(parents=True)
+    {"a FIFO": os.mkfifo, "a link to /dev/null": lambda p: p.symlink_to("/dev/null"), "a folder": os.mkdir}[kind](path)
+    answer = []
+    with caplog.at_level(logging.INFO, logger=choice.logger.name):
+        reading = threading.Thread(target=lambda: answer.append(choice.known(choice_key())), daemon=True)
+        reading.start()
+        reading.join(timeout=120)  # a safety net: reading takes milliseconds
+        waited = reading.is_alive()
+        while reading.is_alive():  # a reader blocked on the FIFO gets its end, so that the test ends
+            try:
+                os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:
+                pass
+            reading.join(timeout=1)
+        assert not waited, f"reading the cache waited on {kind}"
+        assert answer == [None]
+        use_timer(monkeypatch, FakeTimer(kernel=1.0, sdpa=2.0))
+        choice.measure(choice_key(), lambda: None, lambda: None)
+    lines = [r.getMessage() for r in caplog.records if r.name == choice.logger.name]
+    assert lines[0].startswith(f"{path}: ignored, not a cache of kernel choices (ValueError: ")
+    assert ("a folder" if kind == "a folder" else "not a regular file (a pipe, socket or device)") in lines[0]
+    if kind == "a folder":
+        assert path.is_dir() and len(lines) == 2 and "could not write the kernel choices" in lines[1]
+    else:
+        assert len(lines) == 1 and not path.is_symlink() and cache_content()["choices"][0]["path"] == "kernel"
+
+
+def test_a_failed_timing_never_reaches_the_file_even_after_a_later_success(monkeypatch, measured, launches):
+    """keys <= 32: the kernel's timing fails (SDPA for this process, nothing written); keys <= 64: measured and
+    written, without the failed choice; the next process measures keys <= 32 again."""
+    timer = use_timer(monkeypatch, FakeTimer(kernel=RuntimeError("CUDA out of memory"), sdpa=1.0))
+    sdpa, fused = model_pair()
+    no_grad_forward(fused, ids(length=24))
+    assert not choice.cache_file("cpu").exists()
+    timer.ms["kernel"] = 0.5
+    no_grad_forward(fused, ids(length=40))
+    assert {k.keys: c.failure is None for k, c in choice.CHOICES.items()} == {32: False, 64: True}
+    assert [(c["keys"], c["path"]) for c in cache_content()["choices"]] == [(64, "kernel")]
+    measured()
+    timer.timed.clear()
+    launches.clear()
+    assert rel_err(no_grad_forward(fused, ids(length=24)), no_grad_forward(sdpa, ids(length=24))) <= TOL
+    assert timer.timed == ["kernel", "sdpa"] and len(launches) == 1 + 2  # measured again: the kernel, faster
+    assert [(c["keys"], c["path"]) for c in cache_content()["choices"]] == [(64, "kernel"), (32, "kernel")]
 
 
 def test_trust_runs_the_kernel_unmeasured_and_off_never_slower_or_faster(monkeypatch, measured, launches):

@@ -79,7 +79,8 @@ class SourceFile:
 
     def __init__(self, fd: int, shown: str, resolved: Path):
         self.fd, self.shown, self.resolved = fd, shown, resolved
-        self.identity = (os.fstat(fd).st_dev, os.fstat(fd).st_ino)
+        self.opened = os.fstat(fd)
+        self.identity = (self.opened.st_dev, self.opened.st_ino)
         self._close = weakref.finalize(self, os.close, fd)
         self._proc = Path(f"/proc/self/fd/{fd}")
 
@@ -101,6 +102,19 @@ class SourceFile:
 
     def close(self) -> None:
         self._close()
+
+    def changed(self) -> str | None:
+        """How the file its name in SRC names now differs from the one opened (replaced, gone, grown, truncated or
+        written since), or None."""
+        try:
+            now = os.stat(self.shown)
+        except OSError:
+            return "is gone"
+        if (now.st_dev, now.st_ino) != self.identity:
+            return "was replaced"
+        if now.st_size != self.opened.st_size:
+            return f"is {now.st_size} bytes, not the {self.opened.st_size} read"
+        return "was written to" if now.st_mtime_ns != self.opened.st_mtime_ns else None
 
     def __str__(self) -> str:
         return self.shown
@@ -190,6 +204,7 @@ class Checkpoint:
             raise ConversionError(f"SRC {str(self.folder)!r} has no config.json; a model folder needs one.")
         with closing(source_file(self.folder, "config.json", "SRC's")) as config_file:
             self.config: dict = read_json_object(config_file, "SRC's config.json", ConversionError)
+        self.read: list[SourceFile] = [config_file]  # every file of SRC read, for `check_unchanged`
         self.files: dict[str, SourceFile] = {}
         self.pickled = False
         self._cached: tuple[str, dict] | None = None  # the last legacy (non-zip) pickle read whole
@@ -217,6 +232,7 @@ class Checkpoint:
             if (folder / index_name).exists() or (folder / index_name).is_symlink():
                 with closing(source_file(folder, index_name, "SRC's")) as index:
                     weight_map = _weight_map(index, index_name)
+                self.read.append(index)
                 files = sorted(set(weight_map.values()))
             elif (folder / single_name).exists() or (folder / single_name).is_symlink():
                 files, weight_map = [single_name], None
@@ -228,6 +244,7 @@ class Checkpoint:
             for file in files:
                 self.files[file] = source_file(folder, file, f"the weight file (named by {index_name})" if weight_map
                                                else "SRC's")
+            self.read += self.files.values()
             if pickled and not allow_pickle:
                 raise ConversionError(
                     f"SRC {str(folder)!r} holds pickled PyTorch weights ({', '.join(files)}); unpickling a file can "
@@ -294,6 +311,14 @@ class Checkpoint:
                                       "conversion ran. Nothing was written.")
             done += read
         return data.view(info.dtype).view(info.shape)
+
+    def check_unchanged(self) -> None:
+        """Refuses (ConversionError) when a file of SRC that was read is, by its name in SRC, no longer the file that
+        was opened (what `--verify` reads again by name)."""
+        for source in self.read:
+            if how := source.changed():
+                raise ConversionError(f"SRC changed while converting: {source} {how}. Nothing was written; convert "
+                                      "again once nothing writes to SRC.")
 
     @property
     def largest_tensor(self) -> tuple[str, TensorInfo]:

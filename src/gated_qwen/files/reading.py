@@ -79,7 +79,8 @@ def safetensors_header(fd: int, what: str) -> dict[str, tuple[str, tuple[int, ..
     """name -> (dtype, shape, (first byte, end byte) in the file) of the safetensors file open as `fd`, read with
     plain reads (nothing is mapped, so a file larger than the memory or the address space this process may use is
     listed like any other) and checked as the safetensors library checks it: a JSON object after its 8-byte length,
-    each tensor's bytes as many as its dtype and shape need, the tensors tiling the rest of the file exactly.
+    its `__metadata__` a map of strings, each tensor's bytes as many as its dtype and shape need, the tensors tiling
+    the rest of the file exactly.
     Raises `ValueError`, one line naming what is wrong (`what` names the file)."""
     size = os.fstat(fd).st_size
 
@@ -99,7 +100,9 @@ def safetensors_header(fd: int, what: str) -> dict[str, tuple[str, tuple[int, ..
         raise refuse("its header is not a JSON object")
     tensors, data = {}, 8 + length
     for name, entry in header.items():
-        if name == "__metadata__":
+        if name == "__metadata__":  # the library reads it as null or a map of strings, and refuses anything else
+            if entry is not None and not (isinstance(entry, dict) and all(isinstance(v, str) for v in entry.values())):
+                raise refuse(f"its __metadata__ is {json.dumps(entry)[:60]}, not a map of strings")
             continue
         fields = entry if isinstance(entry, dict) else {}
         dtype, shape, offsets = fields.get("dtype"), fields.get("shape"), fields.get("data_offsets")

@@ -10,8 +10,10 @@ goes to SDPA + gate, and is not written down (it may be a passing shortage of me
 The choices of a GPU are kept in a small JSON file, `choices-<GPU name>.json` in `cache_folder()` (beside Triton's
 cache, or `GATED_QWEN_KERNEL_CACHE`), under the identity of what was measured: the GPU's name and the torch, Triton
 and kernel versions (the kernel's version is the SHA-256 of this folder's files). The file is written whole (a
-temporary file, then an atomic replace) and read once per device and process; a file of another identity (stale) or
-one that does not parse (corrupt) is ignored with one log line, and replaced by the next choice measured.
+temporary file, then an atomic replace) and read once per device and process; a file of another identity (stale), one
+that is not exactly what `_write` writes (corrupt: whatever fails to parse, a number out of range, no identity) or
+that is not a regular file (a pipe, a device or a folder: opened without waiting, never read) is ignored with one log
+line, never used or merged, and replaced by the next choice measured.
 
 Timing runs the call's own inputs through each path with `TIMER` (CUDA events after a warm-up); the tests inject a
 timer of their own and add "cpu" to `MEASURED_DEVICE_TYPES`. Nothing from Transformers.
@@ -25,6 +27,7 @@ import logging
 import math
 import os
 import re
+import stat
 import statistics
 import tempfile
 from collections.abc import Callable
@@ -33,13 +36,15 @@ from pathlib import Path
 import torch
 
 from .launch import triton
-from .selfcheck import Combination
+from .selfcheck import LAYOUTS, Combination
 
 logger = logging.getLogger(__name__)
 
 MARGIN = 0.03  # the kernel must be more than 3% faster than SDPA + gate to run
 CACHE_VARIABLE = "GATED_QWEN_KERNEL_CACHE"
 CACHE_FORMAT = 1
+MAX_CACHE_BYTES = 16 * 2**20  # a larger cache file is not one `_write` wrote (a choice takes about 250 bytes)
+MAX_COUNT = 2**31  # head dims and length buckets beyond this are not measured choices
 MEASURED_DEVICE_TYPES = ("cuda",)  # where the choice is measured; elsewhere the kernel runs only when asked for
 
 
@@ -202,52 +207,80 @@ def _entry(key: ChoiceKey, choice: Choice) -> dict:
             "path": "kernel" if choice.kernel else "sdpa", "kernel_ms": choice.kernel_ms, "sdpa_ms": choice.sdpa_ms}
 
 
-def _from_entry(entry: dict, device: str) -> tuple[ChoiceKey, Choice]:
-    """An entry of the file -> (key, choice) on `device`; ValueError when it is not one `_entry` writes."""
-    if set(entry) != {"dtype", "head_dim", "gate", "causal", "layout", "keys", "backward", "path", "kernel_ms",
-                      "sdpa_ms"}:
-        raise ValueError(f"an entry has the fields {sorted(entry)}")
-    dtype = getattr(torch, str(entry["dtype"]), None)
-    numbers = (entry["head_dim"], entry["keys"], entry["kernel_ms"], entry["sdpa_ms"])
-    if (not isinstance(dtype, torch.dtype) or entry["gate"] not in (None, "elementwise", "headwise")
-            or entry["path"] not in ("kernel", "sdpa") or not all(isinstance(n, (int, float)) for n in numbers)
+def _from_entry(entry, device: str) -> tuple[ChoiceKey, Choice]:
+    """An entry of the file -> (key, choice) on `device`; ValueError when it is not exactly one `_entry` writes: each
+    field of its type, counts and times in range, a length bucket that is a power of two, the path its times give,
+    a dtype by its own name (not an alias)."""
+    if not isinstance(entry, dict) or set(entry) != {"dtype", "head_dim", "gate", "causal", "layout", "keys",
+                                                      "backward", "path", "kernel_ms", "sdpa_ms"}:
+        raise ValueError("an entry is not an object of the fields `_entry` writes")
+    dtype = getattr(torch, entry["dtype"], None) if isinstance(entry["dtype"], str) else None
+    counts, times = (entry["head_dim"], entry["keys"]), (entry["kernel_ms"], entry["sdpa_ms"])
+    if (not isinstance(dtype, torch.dtype) or not all(type(n) is int and 0 < n <= MAX_COUNT for n in counts)
+            or not all(type(t) is float and math.isfinite(t) and t > 0 for t in times)
             or not isinstance(entry["causal"], bool) or not isinstance(entry["backward"], bool)
-            or not isinstance(entry["layout"], str)):
-        raise ValueError(f"an entry is not a measured choice: {entry}")
-    combo = Combination(device, dtype, int(entry["head_dim"]), entry["gate"], entry["causal"], entry["layout"])
-    return (ChoiceKey(combo, int(entry["keys"]), entry["backward"]),
-            Choice(entry["path"] == "kernel", float(entry["kernel_ms"]), float(entry["sdpa_ms"]), from_file=True))
+            or entry["gate"] not in (None, "elementwise", "headwise") or entry["layout"] not in LAYOUTS):
+        raise ValueError("an entry is not a measured choice")
+    combo = Combination(device, dtype, entry["head_dim"], entry["gate"], entry["causal"], entry["layout"])
+    key = ChoiceKey(combo, entry["keys"], entry["backward"])
+    choice = Choice(kernel_wins(*times), *times, from_file=True)
+    if _entry(key, choice) != entry or key.keys != length_bucket(key.keys):
+        raise ValueError("an entry is not a measured choice")
+    return key, choice
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name}, which `_write` never writes")
+
+
+def _text(path: Path) -> str | None:
+    """The text of the regular file `path`, None when there is none. It is opened without waiting (a pipe's open
+    would wait for a writer) and read only when it is a regular file of at most `MAX_CACHE_BYTES`; ValueError else."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise ValueError("a folder" if stat.S_ISDIR(mode) else "not a regular file (a pipe, socket or device)")
+        with open(fd, "rb", closefd=False) as handle:
+            data = handle.read(MAX_CACHE_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_CACHE_BYTES:
+        raise ValueError(f"more than {MAX_CACHE_BYTES} bytes")
+    return data.decode("utf-8")
 
 
 def _file_choices(device: str, quiet: bool = False) -> dict[ChoiceKey, Choice]:
     """The choices of `device`'s cache file; {} when there is none, or (with one log line unless `quiet`) when it is
-    stale or corrupt."""
+    stale, corrupt or not a regular file: only a file of this identity, exactly as `_write` writes it, is used."""
     path = cache_file(device)
-    try:
-        content = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return {}
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        if not quiet:
-            logger.warning(f"{path}: ignored, not a cache of kernel choices ({type(err).__name__}: {err}); the "
-                           "choices are measured again and the file replaced")
-        return {}
     expected = identity(device)
-    if isinstance(content, dict) and isinstance(content.get("identity"), dict) and content["identity"] != expected:
-        if not quiet:
-            differs = ", ".join(f"{k} {content['identity'].get(k)!r} (now {v!r})" for k, v in expected.items()
-                                if content["identity"].get(k) != v)
-            logger.info(f"{path}: ignored, measured with another {differs}; the choices are measured again and the "
-                        "file replaced")
-        return {}
     try:
-        if not isinstance(content, dict) or not isinstance(content.get("choices"), list):
+        text = _text(path)
+        if text is None:
+            return {}
+        content = json.loads(text, parse_constant=_no_constant)
+        if not isinstance(content, dict) or set(content) != {"identity", "choices"}:
+            raise ValueError("not an object of an identity and its choices")
+        found = content["identity"]
+        if isinstance(found, dict) and found != expected:
+            if not quiet:
+                differs = ", ".join(f"{k} {repr(found.get(k))[:60]} (now {v!r})" for k, v in expected.items()
+                                    if found.get(k) != v)
+                logger.info(f"{path}: ignored, measured with another {differs}; the choices are measured again and "
+                            "the file replaced")
+            return {}
+        if not isinstance(found, dict) or not isinstance(content["choices"], list):
             raise ValueError("no list of choices under an identity")
         return dict(_from_entry(entry, device) for entry in content["choices"])
-    except (ValueError, TypeError, AttributeError) as err:
+    except Exception as err:  # whatever the file holds (RecursionError, OverflowError...): ignored, never a crash
         if not quiet:
-            logger.warning(f"{path}: ignored, not a cache of kernel choices ({err}); the choices are measured again "
-                           "and the file replaced")
+            reason = " ".join(str(err).split())[:200]
+            logger.warning(f"{path}: ignored, not a cache of kernel choices ({type(err).__name__}: {reason}); the "
+                           "choices are measured again and the file replaced")
         return {}
 
 
