@@ -44,7 +44,7 @@ from ..dcp import METADATA, DcpCheckpoint, dcp_files, write_dcp
 from ..errors import CheckpointFormatError, ConversionError
 from ..export_steps import check_g1_sigmoid, g1_gate_rows, load_gated_config
 from ..format import FileWriting, Format, OwnModel, Reading
-from ..io import TensorPlan, source_file
+from ..io import TensorPlan, source_file, unpickling_reason
 from ..plans import TensorMap
 
 if TYPE_CHECKING:
@@ -109,8 +109,8 @@ def read_common(folder: Path) -> dict:
         with torch.serialization.safe_globals(allowed):
             common = torch.load(file.path, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as error:
-        reason = " ".join(str(error).split())[:300]
-        raise ConversionError(f"SRC's common.pt cannot be read with torch.load(weights_only=True) ({reason}).") from None
+        raise ConversionError(f"SRC's common.pt cannot be read with torch.load(weights_only=True) "
+                              f"({unpickling_reason(error)}).") from None
     finally:
         file.close()
     if not isinstance(common, dict):
