@@ -212,3 +212,32 @@ def test_megatron_lms_own_classes_in_common_pt_are_read_as_inert_stand_ins(tmp_p
         src = with_args(copy_of(tmp_path, "tp1"), attention_backend=AttnBackend())
     assert "megatron" not in sys.modules
     assert open_megatron(src).config["num_layers"] == 2
+
+
+def test_a_megatron_lm_save_folder_is_read_at_its_latest_iteration(tmp_path):
+    shutil.copytree(HERE / "tp1", tmp_path / "run" / "iter_0000100")
+    (tmp_path / "run" / "latest_checkpointed_iteration.txt").write_text("100\n")
+    convert(tmp_path / "run", tmp_path / "gated", from_format="megatron")
+    expected = load_file(HERE / "tp1.logits.safetensors")
+    assert (gated_logits(tmp_path / "gated", expected["input_ids"]) - expected["logits"]).abs().max().item() <= PARITY
+
+
+def test_apply_layernorm_1p_norms_are_read_plus_one(tmp_path):
+    """Megatron's zero-centred norms (`apply_layernorm_1p`: the layer computes x̂·(1 + w)) become GatedQwen's x̂·w."""
+    convert(with_args(copy_of(tmp_path, "tp1"), apply_layernorm_1p=True), tmp_path / "gated", from_format="megatron")
+    stored = DcpCheckpoint(HERE / "tp1", {})
+    state = GatedQwenForCausalLM.from_pretrained(tmp_path / "gated").state_dict()
+    assert torch.equal(state["model.layers.1.self_attn.q_norm.weight"],
+                       stored.layer("decoder.layers.self_attention.q_layernorm.weight", 1) + 1)
+    assert torch.equal(state["model.norm.weight"], stored.get("decoder.final_layernorm.weight") + 1)
+
+
+def test_a_tensor_whose_saved_chunks_do_not_cover_it_is_refused(tmp_path, capsys):
+    """A save that lost one rank's chunk of a tensor (its data file may still be there) is refused by name."""
+    src = copy_of(tmp_path, "tp2")
+    metadata = pickle.loads((src / ".metadata").read_bytes())
+    metadata.state_dict_metadata["decoder.layers.mlp.linear_fc2.weight"].chunks.pop()
+    (src / ".metadata").write_bytes(pickle.dumps(metadata))
+    assert_refused(capsys, ["convert", str(src), str(tmp_path / "out"), "--from", "megatron"],
+                   "'decoder.layers.mlp.linear_fc2.weight' [2, 64, 96] is saved in chunks that cover 9216 of its 12288",
+                   nothing_at=tmp_path / "out")
