@@ -1,7 +1,7 @@
 """Megatron-core 0.16.1's own GPT model on the CPU, in processes of their own (`make test-megatron`, .venv-megatron):
 the fixtures of tests/conversion/megatron made by Megatron-core itself, and Megatron-core's logits of a checkpoint.
 
-    python megatron_cpu.py fixtures OUT            # OUT/{tp1,tp2}/ and their logits (Megatron's forward)
+    python megatron_cpu.py fixtures OUT            # OUT/{tp1,tp2,legacy_tp2}/, logits (Megatron's forward)
     python megatron_cpu.py logits CKPT OUT.safetensors --tp N   # Megatron-core loads CKPT (tensor parallel N)
 
 Megatron-core is written for CUDA; what it needs to run on the CPU is patched here, and only here (`cpu_patches`),
@@ -96,7 +96,8 @@ def logits(model) -> torch.Tensor:
 def make_fixture(rank: int, world: int, port: int, out: str) -> None:
     """tp{world}/ under `out`: the model saved by `dist_checkpointing.save` with `world` tensor-parallel ranks, its
     logits beside it. TP 1 saves as Megatron-LM does (its arguments in common.pt); TP 2 as megatron-core alone does
-    (nothing in common.pt: the arguments in a config.json beside the files)."""
+    (nothing in common.pt: the arguments in a config.json beside the files), and also as Megatron-LM's legacy `torch`
+    format saves it (legacy_tp2/mp_rank_0N/model_optim_rng.pt: its arguments and each rank's state dict)."""
     start(rank, world, port)
     from megatron.core import dist_checkpointing
 
@@ -109,6 +110,11 @@ def make_fixture(rank: int, world: int, port: int, out: str) -> None:
         state.update(args=argparse.Namespace(**ARGS, tensor_model_parallel_size=1), checkpoint_version=3.0,
                      iteration=0)
     dist_checkpointing.save(state if world == 1 else state["model"], str(folder))
+    if world > 1:  # Megatron-LM's legacy `torch` format of the same model: one file per tensor-parallel rank
+        legacy = Path(out) / f"legacy_tp{world}" / f"mp_rank_{rank:02d}"
+        legacy.mkdir(parents=True, exist_ok=True)
+        torch.save({"args": argparse.Namespace(**ARGS, tensor_model_parallel_size=world), "checkpoint_version": 3.0,
+                    "iteration": 0, "model": model.state_dict_for_save_checkpoint()}, legacy / "model_optim_rng.pt")
     result = logits(model)
     if rank == 0:
         if world > 1:

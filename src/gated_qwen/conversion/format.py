@@ -83,7 +83,7 @@ class Reading:
       tensor shapes alone, before a tensor is read), the tensor `rules`, and `ignored` source name prefixes that are
       not part of the model.
     - A format whose folders are not config.json and safetensors (an engine's torch distributed checkpoint, which
-      `from_pretrained` does not read: `detect` says no): `open(folder) -> Checkpoint` reads SRC (its `config`, the
+      `from_pretrained` does not read: `detect` says no): `open(folder, allow_pickle) -> Checkpoint` reads SRC (its `config`, the
       dict `config_fields` and `check` take, made of what the checkpoint says of itself), and `plan(checkpoint,
       config) -> {name: TensorPlan}` is the import, where its names are not GatedQwen's.
     """
@@ -95,7 +95,7 @@ class Reading:
     rules: tuple[TensorRule, ...] = ()
     ignored: tuple[str, ...] = ()
     takes_gate: bool = False
-    open: Callable[[Path], Checkpoint] | None = None
+    open: Callable[[Path, bool], Checkpoint] | None = None
     plan: Callable[[Checkpoint, Any], dict[str, TensorPlan]] | None = None
 
     def reads_folder(self, config: dict) -> bool:

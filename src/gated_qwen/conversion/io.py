@@ -320,7 +320,7 @@ def open_checkpoint(fmt, folder: str | os.PathLike, allow_pickle: bool = False) 
     """SRC in format `fmt` (a `format.Format`): a config.json and safetensors folder, or what the format's
     `Reading.open` reads (an engine's distributed checkpoint)."""
     opener = fmt.reading.open if fmt.reading is not None else None
-    return opener(Path(folder)) if opener is not None else Checkpoint(folder, allow_pickle=allow_pickle)
+    return opener(Path(folder), allow_pickle) if opener is not None else Checkpoint(folder, allow_pickle=allow_pickle)
 
 
 def parse_size(size: int | str) -> int:

@@ -1,8 +1,8 @@
 """`--from megatron` / `--to megatron` against Megatron-core 0.16.1 itself, with no Megatron installed: `tp1/` and
 `tp2/` beside this file are checkpoints that Megatron-core's own `dist_checkpointing.save` wrote (tensor parallel 1,
 with Megatron-LM's arguments in common.pt; tensor parallel 2, megatron-core alone, its arguments in a config.json),
-and `tp*.logits.safetensors` the logits Megatron-core's forward computed from them (G1 elementwise, GQA, QK-norm,
-SwiGLU, untied). `make test-megatron` regenerates them (tests/engine_megatron/megatron_cpu.py) and checks the
+`legacy_tp2/` the same TP-2 model in Megatron-LM's legacy `torch` format (each rank's state dict), and
+`tp*.logits.safetensors` the logits Megatron-core's forward computed (G1 elementwise, GQA, QK-norm, SwiGLU, untied). `make test-megatron` regenerates them (tests/engine_megatron/megatron_cpu.py) and checks the
 other direction in Megatron-core."""
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ REFUSALS = {  # name: (how the TP-1 save is spoiled, what the one line says)
                     "multi-latent attention (MLA)"),
     "Gated DeltaNet tensors": (lambda f: with_tensor(f, "decoder.layers.self_attention.in_proj.weight"),
                                "linear-attention (Gated DeltaNet) layers"),
-    "a mixture of experts": (lambda f: with_args(f, num_experts=8), "num_experts=8 (common.pt's args)"),
+    "a mixture of experts": (lambda f: with_args(f, num_experts=8), "num_experts=8 (the checkpoint's args)"),
     "biases": (lambda f: with_args(f, add_bias_linear=True), "add_bias_linear=True"),
     "interleaved RoPE": (lambda f: with_args(f, rotary_interleaved=True), "interleaved RoPE"),
     "partial RoPE": (lambda f: with_args(f, rotary_percent=0.5), "rotary_percent=0.5"),
@@ -240,4 +240,32 @@ def test_a_tensor_whose_saved_chunks_do_not_cover_it_is_refused(tmp_path, capsys
     (src / ".metadata").write_bytes(pickle.dumps(metadata))
     assert_refused(capsys, ["convert", str(src), str(tmp_path / "out"), "--from", "megatron"],
                    "'decoder.layers.mlp.linear_fc2.weight' [2, 64, 96] is saved in chunks that cover 9216 of its 12288",
+                   nothing_at=tmp_path / "out")
+
+
+def test_the_legacy_torch_format_merges_its_tensor_parallel_ranks(tmp_path):
+    """`legacy_tp2/` (mp_rank_00, mp_rank_01) is the TP-2 model: read with --allow-pickle, its shards merged, it gives
+    the tensors of the torch_dist save bit for bit, and Megatron's logits."""
+    convert(HERE / "legacy_tp2", tmp_path / "legacy", from_format="megatron", allow_pickle=True)
+    convert(HERE / "tp2", tmp_path / "dist", from_format="megatron")
+    legacy, dist = (GatedQwenForCausalLM.from_pretrained(tmp_path / f).state_dict() for f in ("legacy", "dist"))
+    assert legacy.keys() == dist.keys() and all(torch.equal(legacy[n], dist[n]) for n in dist)
+    expected = load_file(HERE / "tp2.logits.safetensors")
+    assert (gated_logits(tmp_path / "legacy", expected["input_ids"]) - expected["logits"]).abs().max().item() <= PARITY
+
+
+LEGACY_REFUSALS = {
+    "without --allow-pickle": (lambda f: f, [], "Pass --allow-pickle"),
+    "a missing rank file": (lambda f: shutil.rmtree(f / "mp_rank_01") or f, ["--allow-pickle"],
+                            "tensor_model_parallel_size=2 but SRC has 1 rank file(s)"),
+    "pipeline parallel": (lambda f: (f / "mp_rank_01").rename(f / "mp_rank_01_001") and f, ["--allow-pickle"],
+                          "a pipeline-parallel legacy checkpoint"),
+}
+
+
+@pytest.mark.parametrize("name", list(LEGACY_REFUSALS))
+def test_a_legacy_checkpoint_is_refused_in_one_line(tmp_path, capsys, name):
+    spoil, flags, message = LEGACY_REFUSALS[name]
+    src = spoil(copy_of(tmp_path, "legacy_tp2"))
+    assert_refused(capsys, ["convert", str(src), str(tmp_path / "out"), "--from", "megatron", *flags], message,
                    nothing_at=tmp_path / "out")

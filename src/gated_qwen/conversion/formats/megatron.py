@@ -1,6 +1,8 @@
 """Megatron-core's distributed checkpoint (`torch_dist`: `.metadata`, `__*_*.distcp`, `common.pt`, `metadata.json`),
 as `dist_checkpointing.save` of a GPT model writes it, Megatron-LM's `iter_NNNNNNN/` included; read and written with
-`torch.distributed.checkpoint` alone (`dcp.py`), no Megatron installed.
+`torch.distributed.checkpoint` alone (`dcp.py`), no Megatron installed. Megatron-LM's legacy `torch` format
+(`mp_rank_0N/model_optim_rng.pt`, per-layer names) is read too, its tensor-parallel shards merged (`LegacyCheckpoint`,
+with `--allow-pickle`).
 
 Layout. The layers are stacked on a leading dimension `L`: `decoder.layers.self_attention.linear_qkv.weight` is
 `[L, G·(2·H/G + 2)·D, hidden]` with an output gate (`attention_output_gate`, G1 elementwise), its rows per query
@@ -35,7 +37,6 @@ import signal
 import types
 from contextlib import closing
 from pathlib import Path, PosixPath
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -44,11 +45,8 @@ from ..dcp import METADATA, DcpCheckpoint, dcp_files, write_dcp
 from ..errors import CheckpointFormatError, ConversionError
 from ..export_steps import check_g1_sigmoid, g1_gate_rows, load_gated_config
 from ..format import FileWriting, Format, OwnModel, Reading
-from ..io import TensorPlan, source_file, unpickling_reason
+from ..io import Checkpoint, TensorInfo, TensorPlan, source_file, unpickling_reason
 from ..plans import TensorMap
-
-if TYPE_CHECKING:
-    from ..io import Checkpoint
 
 NAME = "megatron"
 LAYERS = "decoder.layers."
@@ -98,24 +96,12 @@ MEGATRON_CLASSES = ("megatron.core.transformer.enums.AttnBackend", "megatron.cor
 
 
 def read_common(folder: Path) -> dict:
-    """`common.pt` of a Megatron checkpoint, read with `torch.load(weights_only=True)`: `argparse.Namespace` and the
-    like allowed, Megatron's own classes as inert stand-ins; `{}` where there is none."""
+    """`common.pt` of a torch_dist checkpoint (`_load`: `argparse.Namespace` and the like allowed, Megatron's own
+    classes as inert stand-ins); `{}` where there is none."""
     if not (folder / "common.pt").exists():
         return {}
-    file = source_file(folder, "common.pt", "SRC's")
-    allowed = [argparse.Namespace, types.SimpleNamespace, PosixPath, io.BytesIO, signal.Signals,
-               *((_Foreign, name) for name in MEGATRON_CLASSES)]
-    try:
-        with torch.serialization.safe_globals(allowed):
-            common = torch.load(file.path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as error:
-        raise ConversionError(f"SRC's common.pt cannot be read with torch.load(weights_only=True) "
-                              f"({unpickling_reason(error)}).") from None
-    finally:
-        file.close()
-    if not isinstance(common, dict):
-        raise ConversionError("SRC's common.pt does not hold a dict (Megatron's common state).")
-    return common
+    with closing(source_file(folder, "common.pt", "SRC's")) as file:
+        return _load(file)
 
 
 def checkpoint_folder(src: Path) -> Path:
@@ -130,16 +116,20 @@ def checkpoint_folder(src: Path) -> Path:
     return src / f"iter_{int(text):07d}"
 
 
-def open_megatron(src: Path) -> DcpCheckpoint:
-    """`Reading.open`: SRC's distributed checkpoint, its `config` Megatron-LM's arguments (`ARGS`) from `common.pt`
-    or SRC's config.json."""
+def open_megatron(src: Path, allow_pickle: bool = False) -> Checkpoint:
+    """`Reading.open`: SRC's torch_dist checkpoint, or its legacy `torch` one (`LegacyCheckpoint`, with
+    `allow_pickle`), its `config` Megatron-LM's arguments (`ARGS`) from `common.pt` (the legacy files') or SRC's
+    config.json."""
     folder = checkpoint_folder(src)
-    if not dcp_files(folder):
-        raise ConversionError(f"SRC {str(src)!r} is not a Megatron torch_dist checkpoint: it has no {METADATA} (a "
-                              "legacy `torch` checkpoint, mp_rank_*/model_optim_rng.pt, is not read: save with "
-                              "--ckpt-format torch_dist or convert it with Megatron-LM's checkpoint converter).")
-    args = read_common(folder).get("args")
-    given = "common.pt's args"
+    if dcp_files(folder):
+        ckpt, args = DcpCheckpoint(folder, {}), read_common(folder).get("args")
+    elif LegacyCheckpoint.ranks(folder):
+        ckpt = LegacyCheckpoint(folder, allow_pickle)
+        args = ckpt.args
+    else:
+        raise ConversionError(f"SRC {str(src)!r} is not a Megatron checkpoint: it has no {METADATA} (torch_dist) and "
+                              f"no mp_rank_*/{LEGACY_FILE} (the legacy torch format).")
+    given = "the checkpoint's args"
     if args is None:
         if not (folder / "config.json").exists():
             raise ConversionError(
@@ -152,15 +142,114 @@ def open_megatron(src: Path) -> DcpCheckpoint:
         with closing(source_file(folder, "config.json", "SRC's")) as file:
             args, given = read_json_object(file, "SRC's config.json", ConversionError), "SRC's config.json"
     elif not isinstance(args, argparse.Namespace):
-        raise ConversionError("SRC's common.pt has `args` that are not Megatron-LM's arguments (an argparse.Namespace).")
+        raise ConversionError("SRC's `args` are not Megatron-LM's arguments (an argparse.Namespace).")
     else:
         args = vars(args)
-    ckpt = DcpCheckpoint(folder, {})
     config = {key: args.get(key, default) for key, default in ARGS.items()}
     if config["padded_vocab_size"] is None and EMBEDDING in ckpt.tensors:
         config["padded_vocab_size"] = ckpt.tensors[EMBEDDING].shape[0]
     ckpt.config = dict(config, model_type=NAME, given=given, absent=sorted(k for k in ARGS if k not in args))
+    if isinstance(ckpt, LegacyCheckpoint):
+        ckpt.check_ranks()
     return ckpt
+
+
+LEGACY_FILE = "model_optim_rng.pt"
+# The legacy format's per-layer names (Megatron's local layer spec) of what torch_dist names by the fused layer.
+LEGACY_NAMES = {"input_layernorm.weight": INPUT_NORM, "pre_mlp_layernorm.weight": MLP_NORM}
+# The dimension tensor-parallel ranks split a tensor along (the others are the same on every rank).
+TP_DIM = {EMBEDDING: 0, OUTPUT: 0, QKV: 0, FC1: 0, PROJ: 1, FC2: 1}
+
+
+class LegacyCheckpoint(Checkpoint):
+    """Megatron-LM's legacy `torch` checkpoint (`mp_rank_0N/model_optim_rng.pt`, one pickle per tensor-parallel rank,
+    per-layer names), seen as the torch_dist layout: per-layer tensors stacked under its names, the ranks' shards
+    merged (`linear_fc1`'s `[gate; up]` per rank regrouped). Read with `torch.load(weights_only=True)`, memory-mapped,
+    only with `allow_pickle` (as pickled weights are); pipeline-parallel saves are refused."""
+
+    @staticmethod
+    def ranks(folder: Path) -> list[str]:
+        return sorted(path.name for path in folder.glob("mp_rank_*") if (path / LEGACY_FILE).exists())
+
+    def __init__(self, folder: Path, allow_pickle: bool):
+        self.folder, self.pickled, self._cached, self.config = folder, True, None, {}
+        ranks = self.ranks(folder)
+        if any(len(rank.split("_")) > 3 for rank in ranks):
+            raise ConversionError(f"SRC is a pipeline-parallel legacy checkpoint ({ranks[:2]}...); save it with "
+                                  "--ckpt-format torch_dist (any parallelism), which this converter reads.")
+        if not allow_pickle:
+            raise ConversionError(f"SRC holds Megatron-LM's legacy torch checkpoint ({ranks[0]}/{LEGACY_FILE}: pickled "
+                                  "weights); unpickling a file can run code from it. Pass --allow-pickle (Python: "
+                                  "allow_pickle=True) to read it with torch.load(weights_only=True).")
+        self.files = {rank: source_file(folder, f"{rank}/{LEGACY_FILE}", "SRC's") for rank in ranks}
+        states = [_load(file) for file in self.files.values()]
+        self.args = states[0].get("args")
+        self.models = [state.get("model") or {} for state in states]
+        self.parts: dict[str, dict[int | None, str]] = {}  # name as torch_dist has it -> {layer: legacy name}
+        for name, value in self.models[0].items():
+            if isinstance(value, torch.Tensor):
+                stacked, layer = _stacked_name(name)
+                self.parts.setdefault(stacked, {})[layer] = name
+        self.tensors = {}
+        for name, layers in self.parts.items():
+            first = self._merged(layers[min(layers, key=lambda k: -1 if k is None else k)], name)
+            shape = tuple(first.shape) if None in layers else (len(layers), *first.shape)
+            self.tensors[name] = TensorInfo(ranks[0], shape, first.dtype)
+
+    def check_ranks(self) -> None:
+        """Refuses a save whose rank files are fewer than its arguments say (a missing shard)."""
+        saved = getattr(self.args, "tensor_model_parallel_size", len(self.files)) if self.args else len(self.files)
+        if saved != len(self.files):
+            raise ConversionError(f"SRC's args say tensor_model_parallel_size={saved} but SRC has {len(self.files)} "
+                                  f"rank file(s) ({sorted(self.files)}): a shard of the save is missing.")
+
+    def _merged(self, legacy: str, name: str) -> torch.Tensor:
+        shards = [model[legacy] for model in self.models]
+        suffix = name.removeprefix(LAYERS)
+        dim = TP_DIM.get(suffix, TP_DIM.get(name))
+        if dim is None or len(shards) == 1:
+            return shards[0]
+        if suffix == FC1:  # each rank holds [its gate rows; its up rows]
+            halves = [shard.chunk(2) for shard in shards]
+            return torch.cat([h[0] for h in halves] + [h[1] for h in halves])
+        return torch.cat(shards, dim=dim)
+
+    def layer(self, name: str, index: int) -> torch.Tensor:
+        return self._merged(self.parts[name][index], name).clone()
+
+    def get(self, name: str) -> torch.Tensor:
+        layers = self.parts[name]
+        if None in layers:
+            return self._merged(layers[None], name).clone()
+        return torch.stack([self._merged(layers[i], name) for i in sorted(layers)])
+
+    @property
+    def largest_file_bytes(self) -> int:
+        return max(file.size for file in self.files.values())
+
+
+def _stacked_name(name: str) -> tuple[str, int | None]:
+    """A legacy per-layer name -> (its torch_dist name, its layer), e.g. `decoder.layers.3.input_layernorm.weight` ->
+    (`decoder.layers.self_attention.linear_qkv.layer_norm_weight`, 3); other names as they are, layer None."""
+    parts = name.split(".")
+    if name.startswith(LAYERS) and len(parts) > 3 and parts[2].isdigit():
+        suffix = ".".join(parts[3:])
+        return LAYERS + LEGACY_NAMES.get(suffix, suffix), int(parts[2])
+    return name, None
+
+
+def _load(file) -> dict:
+    allowed = [argparse.Namespace, types.SimpleNamespace, PosixPath, io.BytesIO, signal.Signals,
+               *((_Foreign, name) for name in MEGATRON_CLASSES)]
+    try:
+        with torch.serialization.safe_globals(allowed):
+            state = torch.load(file.path, map_location="cpu", weights_only=True, mmap=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as error:
+        raise ConversionError(f"SRC's {file} cannot be read with torch.load(weights_only=True) "
+                              f"({unpickling_reason(error)}).") from None
+    if not isinstance(state, dict):
+        raise ConversionError(f"SRC's {file} does not hold Megatron-LM's checkpoint (a dict with `model`).")
+    return state
 
 
 def _field(cfg: dict, key: str) -> str:

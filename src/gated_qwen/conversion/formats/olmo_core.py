@@ -55,7 +55,7 @@ ROPES = ("default", "fused")  # both rotate halves of the head in float32, as Ga
 
 
 # ------------------------------------------------------------------------------------------------------ reading
-def open_olmo(src: Path) -> DcpCheckpoint:
+def open_olmo(src: Path, allow_pickle: bool = False) -> DcpCheckpoint:
     """`Reading.open`: SRC's model state (SRC, or its `model_and_optim/`), its `config` OLMo-core's
     `TransformerConfig` dict from SRC's config.json (the trainer's, under `model`, or the dict itself)."""
     folder = src if dcp_files(src) or not dcp_files(src / MODEL_DIR) else src / MODEL_DIR
