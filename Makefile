@@ -45,15 +45,9 @@ test-slow: $(STAMP)
 	$(call PYTEST,$(VENV)) -m "slow and not compat"
 
 ## test-latest       the suite with the newest releases pyproject.toml allows
-LATEST := .venv-latest
-TORCH_REQ := requirements/torch-$(if $(HAS_GPU),cuda,cpu).txt
 test-latest:
-	rm -rf $(LATEST) && $(PYTHON) -m venv $(LATEST)
-	$(call PIP,$(LATEST)) $(TORCH_INDEX) -r $(TORCH_REQ) $(QUIET)
-	$(call PIP,$(LATEST)) --upgrade --upgrade-strategy eager -c $(TORCH_REQ) -e ".[$(EXTRAS)]" $(QUIET)
-	$(LATEST)/bin/python -c "$(IMPORTS)"
-	$(LATEST)/bin/python -m pip freeze --exclude-editable > $(LATEST)/freeze.txt
-	$(call PYTEST,$(LATEST)) -m "not compat"
+	IMPORTS="$(IMPORTS)" $(SH) requirements/latest.sh
+	$(call PYTEST,.venv-latest) -m "not compat"
 
 ## lint              ruff
 lint: $(STAMP)
@@ -103,22 +97,8 @@ compat_VENV = rm -rf .venv-compat && $(PYTHON) -m venv .venv-compat
 compat_LOCKS = requirements/compat.lock
 compat_BARE = 1
 compat_IMPORTS = import torch, triton, transformers, huggingface_hub
-compat_TEST_NEEDS = .venv-compat/.installed $(DW)/.complete
-SITE := .venv-compat/device-site
-KSITE := .venv-compat/kernels-site
-SRC := $(abspath src)
-KERNEL_TESTS := tests/kernel/test_triton_kernel.py tests/integrations/test_gated_triton.py \
-	tests/kernel/test_kernel_selfcheck.py tests/kernel/test_kernel_choice.py tests/kernel/test_kernel_aot.py \
-	tests/kernel/test_gpu_check.py tests/kernel/test_gpu_check_device.py tests/integrations/test_kernel_hub.py
-CPIP = $(call PIP,.venv-compat) --no-index --no-deps --find-links $(DW) --target
-define compat_TESTS
-rm -rf $(SITE) $(KSITE)
-$(CPIP) $(SITE) -r requirements/device-wheels.txt $(QUIET)
-$(CPIP) $(KSITE) kernels $(QUIET)
-PYTHONPATH=$(abspath $(SITE)):$(SRC) $(call PYTEST,.venv-compat) $(KERNEL_TESTS)
-PYTHONPATH=$(SRC) $(call RUN_PYTEST,.venv-compat) tests/model/test_transformers_compat.py tests/model/test_remote_code.py
-PYTHONPATH=$(SRC):$(abspath $(KSITE)) $(call RUN_PYTEST,.venv-compat) tests/integrations/test_kernel_hub.py
-endef
+compat_TEST_NEEDS = .venv-compat/.installed $(DW)/.complete requirements/compat_tests.sh
+compat_TESTS = bash requirements/compat_tests.sh $(DW)
 
 ## test-serving      vLLM against Transformers (COMPAT_PYTHON=PATH: also its)
 # --no-deps: the index's CUDA torchaudio/torchcodec stay out.
@@ -172,8 +152,26 @@ $(JS): tests/engine_onnx/js/package-lock.json
 	cd tests/engine_onnx/js && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
 	touch $(JS)
 
-$(foreach e,compat serving distributed llama mlx onnx optimum,$(eval $(call ENVIRONMENT,$(e))))
-$(foreach e,compat serving distributed llama mlx onnx,$(eval $(call TESTS,$(e))))
+## test-megatron     Megatron-core both ways, tensor parallel 1 and 2
+## test-olmo         OLMo-core both ways
+## test-torchtitan   torchtitan reads the Qwen3.5 export
+## test-engines      the three above
+test-engines: test-megatron test-olmo test-torchtitan
+megatron_LOCKS = requirements/cpu.lock requirements/megatron.lock
+megatron_IMPORTS = import megatron.core, psutil, gated_qwen
+# Their pins conflict with cpu.lock's (huggingface-hub, fsspec): installed without deps
+NODEPS = $(call PIP,.venv-$(1)) --no-deps -r requirements/$(1).lock $(QUIET)
+olmo_LOCKS = requirements/cpu.lock
+olmo_NEEDS = requirements/olmo.lock
+olmo_SETUP = $(call NODEPS,olmo)
+olmo_IMPORTS = import olmo_core.nn.transformer, gated_qwen
+torchtitan_LOCKS = requirements/cpu.lock
+torchtitan_NEEDS = requirements/torchtitan.lock
+torchtitan_SETUP = $(call NODEPS,torchtitan)
+torchtitan_IMPORTS = import torchtitan.models.qwen3_5, gated_qwen
+
+$(foreach e,compat serving distributed llama mlx onnx optimum megatron olmo torchtitan,$(eval $(call ENVIRONMENT,$(e))))
+$(foreach e,compat serving distributed llama mlx onnx megatron olmo torchtitan,$(eval $(call TESTS,$(e))))
 
 ## bench-serving     tokens/s: vLLM (native folder, Qwen3.5 export) vs generate
 bench-serving: $(STAMP) .venv-serving/.installed

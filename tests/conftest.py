@@ -12,9 +12,9 @@ The tests' models are tiny: they gain nothing from several intra-op threads, and
 parallel region waits for descheduled threads (a 40-step Trainer run took 0.8 s on one thread, 64 s on two), so the
 suite runs on one thread per process (`make test` runs two processes).
 
-The folders of the other environments (`ENVIRONMENT_FOLDERS`: tests/serving, tests/engine_llama, tests/engine_mlx,
-tests/engine_onnx, each with its make target and virtual environment, never collected by `make test`) mark their tests
-with the environment's marker (in pyproject.toml).
+The folders of the other environments (`ENVIRONMENT_FOLDERS`: tests/serving and the tests/engine_* folders, each with
+its make target and virtual environment, never collected by `make test`) mark their tests with the environment's
+marker (in pyproject.toml).
 
 Without a GPU the Triton kernel runs under the Triton interpreter; that switch must be set before any
 `@triton.jit` function is defined, i.e. before `gated_qwen` is imported anywhere in the test process.
@@ -92,7 +92,8 @@ def hermetic_hf_caches(tmp_path_factory, monkeypatch):
     yield values
 
 
-ENVIRONMENT_FOLDERS = {"serving": "serving", "engine_llama": "llama", "engine_mlx": "mlx", "engine_onnx": "onnx"}
+ENVIRONMENT_FOLDERS = {"serving": "serving", "engine_llama": "llama", "engine_mlx": "mlx", "engine_onnx": "onnx",
+                       "engine_megatron": "megatron", "engine_olmo": "olmo", "engine_torchtitan": "torchtitan"}
 
 
 def pytest_collection_modifyitems(items):

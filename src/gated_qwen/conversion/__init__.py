@@ -34,7 +34,7 @@ from . import plans
 from .errors import CheckpointFormatError, ConversionError, VerificationError
 from .format import FileWriting, Format
 from .formats import FORMATS, FROM_FORMATS, GATED, TO_FORMATS, export_options, taking
-from .io import Checkpoint, carry_files, files_to_carry, own_code, parse_size, write_weights
+from .io import Checkpoint, carry_files, files_to_carry, open_checkpoint, own_code, parse_size, write_weights
 from .plans import gated_config
 from .shared import parse_gate, source_dtype
 from .structure import check_plan, check_source, check_written
@@ -136,6 +136,8 @@ def _import_plan(fmt: Format, ckpt, add_gate):
     config.dtype = source_dtype(ckpt.config)
     if reading.check is not None:
         reading.check(ckpt.config, config, {tensor: info.shape for tensor, info in ckpt.tensors.items()})
+    if reading.plan is not None:
+        return config, reading.plan(ckpt, config)
     return config, plans.plan_import(fmt, ckpt, config)  # looked up at the call (tests replace it)
 
 
@@ -312,7 +314,7 @@ def convert(
     src, dst = Path(src), Path(dst)
     with _refusals_as_conversion_errors(request.flag), output_folder(dst, inputs=[src], overwrite=overwrite,
                                                                       label="DST") as tmp:
-        ckpt = Checkpoint(src, allow_pickle=allow_pickle)
+        ckpt = open_checkpoint(request.source, src, allow_pickle)
         carried, code_left = files_to_carry(src, carry_code)  # refused now, not after the slow part
         config, plan = _plan(request, ckpt)
         check_source(ckpt, request.source, None if request.export else config)

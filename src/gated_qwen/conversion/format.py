@@ -82,6 +82,10 @@ class Reading:
       `takes_gate`; refusals raise `CheckpointFormatError`), `check(config.json, config, shapes)` (refusals from the
       tensor shapes alone, before a tensor is read), the tensor `rules`, and `ignored` source name prefixes that are
       not part of the model.
+    - A format whose folders are not config.json and safetensors (an engine's torch distributed checkpoint, which
+      `from_pretrained` does not read: `detect` says no): `open(folder, allow_pickle) -> Checkpoint` reads SRC (its `config`, the
+      dict `config_fields` and `check` take, made of what the checkpoint says of itself), and `plan(checkpoint,
+      config) -> {name: TensorPlan}` is the import, where its names are not GatedQwen's.
     """
 
     reads: tuple[str, ...]
@@ -91,6 +95,8 @@ class Reading:
     rules: tuple[TensorRule, ...] = ()
     ignored: tuple[str, ...] = ()
     takes_gate: bool = False
+    open: Callable[[Path, bool], Checkpoint] | None = None
+    plan: Callable[[Checkpoint, Any], dict[str, TensorPlan]] | None = None
 
     def reads_folder(self, config: dict) -> bool:
         """Whether `from_pretrained` reads a folder with this config.json in this format."""

@@ -341,6 +341,13 @@ class Checkpoint:
         return total
 
 
+def open_checkpoint(fmt, folder: str | os.PathLike, allow_pickle: bool = False) -> Checkpoint:
+    """SRC in format `fmt` (a `format.Format`): a config.json and safetensors folder, or what the format's
+    `Reading.open` reads (an engine's distributed checkpoint)."""
+    opener = fmt.reading.open if fmt.reading is not None else None
+    return opener(Path(folder), allow_pickle) if opener is not None else Checkpoint(folder, allow_pickle=allow_pickle)
+
+
 def parse_size(size: int | str) -> int:
     """`"2GB"`, `"500MB"`, `"1GiB"` or a number of bytes -> a positive number of bytes."""
     units = {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "KB": 10**3, "MB": 10**6, "GB": 10**9, "B": 1}

@@ -12,7 +12,8 @@
 
 A model's on-disk names are what `save_pretrained` writes: tied weights left out and Transformers' load-time
 conversions reverted (a mixture-of-experts layer is saved one tensor per expert); the stacked in-memory layout that
-Transformers also reads is accepted as well.
+Transformers also reads is accepted as well, and so are the names a load-time prefix change of the class reads
+(Qwen3.5's `model.language_model.*`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from transformers.core_model_loading import revert_weight_conversion
+from transformers.conversion_mapping import get_model_conversion_mapping
+from transformers.core_model_loading import PrefixChange, revert_weight_conversion
 from transformers.modeling_utils import remove_tied_weights_from_state_dict
 
 from ..files import config_from_dict
@@ -57,8 +59,22 @@ def model_layout(cls: type, config) -> list[list[dict[str, Shape]]]:
     for tensors in units.values():
         native = {name: tuple(tensor.shape) for name, tensor in tensors.items()}
         saved = {name: tuple(tensor.shape) for name, tensor in revert_weight_conversion(model, tensors).items()}
-        layout.append([saved, native] if saved != native else [native])
+        forms = [saved, native] if saved != native else [native]
+        layout.append(forms + [_prefixed(form, change) for change in _prefix_changes(model) for form in forms[:1]])
     return layout
+
+
+def _prefix_changes(model) -> list[PrefixChange]:
+    """The load-time prefix removals of the model's class (Qwen3.5's text model reads `model.language_model.*`)."""
+    return [change for change in get_model_conversion_mapping(model, add_legacy=False)
+            if isinstance(change, PrefixChange) and change.prefix_to_remove]
+
+
+def _prefixed(form: dict[str, Shape], change: PrefixChange) -> dict[str, Shape]:
+    """`form` under the names `change` reads: `model.X` as `model.{prefix}.X`."""
+    model = f"{change.model_prefix}." if change.model_prefix else ""
+    return {(model + f"{change.prefix_to_remove}." + name[len(model):] if name.startswith(model) else name): shape
+            for name, shape in form.items()}
 
 
 def _listing(names: list[str], limit: int = 4) -> str:

@@ -19,7 +19,7 @@ from ..files.reading import utf8_named
 from .errors import ConversionError, VerificationError
 from .format import FileWriting
 from .formats import model_class
-from .io import Checkpoint
+from .io import open_checkpoint
 
 if TYPE_CHECKING:
     import torch
@@ -43,7 +43,7 @@ def _logits(folder: Path, fmt: Format, input_ids: torch.Tensor, allow_pickle: bo
 
 
     if fmt.model is not None:  # a format no Transformers class reads
-        return fmt.model.logits(Checkpoint(folder, allow_pickle=allow_pickle), input_ids)
+        return fmt.model.logits(open_checkpoint(fmt, folder, allow_pickle), input_ids)
     if isinstance(fmt.writing, FileWriting):  # the format's own files: `folder` is the file or their folder
         return fmt.writing.logits(Path(folder), input_ids)
     cls = model_class(json.loads((Path(folder) / "config.json").read_text()).get("model_type"))

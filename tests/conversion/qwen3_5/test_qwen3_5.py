@@ -99,3 +99,17 @@ def test_qwen3_5_refusals(tmp_path):
         refuse(match, tmp_path / f"g{i}", tmp_path / "o", to_format="qwen3_5")
 
 
+
+
+def test_the_language_model_prefix_names_the_text_model_as_qwen3_5_releases_do(tmp_path):
+    """`--language-model-prefix` (torchtitan's qwen3_5 reads only these names: tests/engine_torchtitan): every tensor
+    but lm_head under `model.language_model.`, which the structural check accepts and stock `Qwen3_5ForCausalLM`
+    loads cleanly (Transformers' prefix change) with the gated model's logits."""
+    model = randomize_(GatedQwenForCausalLM(GatedQwenConfig(**TINY, tie_word_embeddings=False)))
+    model.save_pretrained(tmp_path / "gated")
+    convert(tmp_path / "gated", tmp_path / "q35", to_format="qwen3_5", language_model_prefix=True)
+    names = set(tensors(tmp_path / "q35"))
+    assert names - {"lm_head.weight"} and all(n.startswith("model.language_model.") for n in names - {"lm_head.weight"})
+    stock, info = Qwen3_5ForCausalLM.from_pretrained(tmp_path / "q35", dtype=torch.float32, output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    torch.testing.assert_close(logits(stock.eval()), logits(model), rtol=1e-5, atol=1e-5)

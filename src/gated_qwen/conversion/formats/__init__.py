@@ -13,7 +13,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from ..errors import CheckpointFormatError
 from ..format import ExportOption, Format
-from . import gguf, mlx, onnx, qwen3, qwen3_5, release
+from . import gguf, megatron, mlx, olmo_core, onnx, qwen3, qwen3_5, release
 
 # The order in which `format_of` asks the formats (the release before stock Qwen3: both are model_type qwen3).
 FORMATS: dict[str, Format] = {fmt.name: fmt for fmt in (
@@ -25,6 +25,8 @@ FORMATS: dict[str, Format] = {fmt.name: fmt for fmt in (
     gguf.GGUF,
     mlx.MLX,
     onnx.ONNX,
+    megatron.MEGATRON,
+    olmo_core.OLMO_CORE,
 )}
 FROM_FORMATS = tuple(name for name, fmt in FORMATS.items() if fmt.imports)
 TO_FORMATS = tuple(name for name, fmt in FORMATS.items() if fmt.exports)

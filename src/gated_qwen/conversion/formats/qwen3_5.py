@@ -220,12 +220,21 @@ def stock_config(cls, fields: dict, architecture: str, ckpt: Checkpoint):
     return out
 
 
-def plan_gated_to_qwen3_5(ckpt: Checkpoint, allow_o_proj_bias: bool = False):
-    """`--to qwen3_5`: `(Qwen3_5TextConfig, {name: TensorPlan})` of a dense gated_qwen checkpoint."""
+LANGUAGE_MODEL_PREFIX = ExportOption(
+    "language_model_prefix", "name the text model's tensors model.language_model.*, as Qwen3.5's released "
+    "checkpoints do (torchtitan's qwen3_5 reads only those; Transformers reads either)")
+
+
+def plan_gated_to_qwen3_5(ckpt: Checkpoint, allow_o_proj_bias: bool = False, language_model_prefix: bool = False):
+    """`--to qwen3_5`: `(Qwen3_5TextConfig, {name: TensorPlan})` of a dense gated_qwen checkpoint; with
+    `language_model_prefix`, `model.*` named `model.language_model.*`."""
     config = load_gated_config(ckpt)
     check_qwen3_5_attention(config)
     check_o_proj_bias(config, allow_o_proj_bias)
     plan = qwen3_5_tensors(ckpt, config)
+    if language_model_prefix:
+        plan = {name.replace("model.", "model.language_model.", 1) if name.startswith("model.") else name: tensor
+                for name, tensor in plan.items()}
     return stock_config(Qwen3_5TextConfig, attention_fields(config), "Qwen3_5ForCausalLM", ckpt), plan
 
 
@@ -254,7 +263,7 @@ QWEN3_5 = Format(
     reading=Reading(("qwen3_5_text", "qwen3_next", "qwen3_5"), dense_config_fields,
                     detect=lambda config: config.get("model_type") != "qwen3_next", check=check_q_proj_rows,
                     rules=QWEN3_5_RULES, ignored=("mtp.",)),
-    writing=FolderWriting(plan_gated_to_qwen3_5, options=(ALLOW_O_PROJ_BIAS,)))
+    writing=FolderWriting(plan_gated_to_qwen3_5, options=(ALLOW_O_PROJ_BIAS, LANGUAGE_MODEL_PREFIX)))
 # from_pretrained reads every Qwen3-Next folder in this format, dense or not (QWEN3_5 leaves them to it).
 QWEN3_NEXT = Format(
     "qwen3_next", "Qwen3-Next, every layer full attention, dense or mixture-of-experts",
