@@ -218,12 +218,12 @@ def _write(request: _Request, ckpt, config, plan, folder: Path, shard_size: int 
     check_written(folder, plan)
 
 
-def _verify(request: _Request, ckpt, folder: Path, config, allow_pickle: bool) -> None:
+def _verify(request: _Request, src: Path, ckpt, folder: Path, config, allow_pickle: bool) -> None:
     """`--verify`, which reads SRC again by its name: SRC must still be the files the conversion read, before and
     after (a failure to read a SRC that changed is said as such)."""
     vocab = config["vocab_size"] if isinstance(config, dict) else config.vocab_size
     try:
-        error = verify(ckpt.folder, request.source, folder, request.result, vocab, allow_pickle=allow_pickle)
+        error = verify(src, request.source, folder, request.result, vocab, allow_pickle=allow_pickle)
     except Exception:
         ckpt.check_unchanged()
         raise
@@ -270,7 +270,7 @@ def _write_file(request: _Request, src, dst, *, overwrite: bool, allow_pickle: b
         vocab_size, report = request.fmt.writing.write(ckpt, tmp, **request.options)
         carry_files(carried, tmp)
         if verify:
-            _verify(request, ckpt, tmp, {"vocab_size": vocab_size}, allow_pickle)
+            _verify(request, src, ckpt, tmp, {"vocab_size": vocab_size}, allow_pickle)
     code_left = sorted(own_code(src))
     if code_left:
         say(f"not carried: SRC's code files {code_left} (someone else's code, which {request.flag}'s output does "
@@ -323,7 +323,7 @@ def convert(
         _write(request, ckpt, config, plan, tmp, shard_size)
         copied = carry_files(carried, tmp)
         if verify:
-            _verify(request, ckpt, tmp, config, allow_pickle)
+            _verify(request, src, ckpt, tmp, config, allow_pickle)
     _report(request, dst, _kinds(request, ckpt, config)[1], plan, copied, code_left)
     return dst
 

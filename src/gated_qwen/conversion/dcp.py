@@ -133,6 +133,7 @@ class DcpCheckpoint(Checkpoint):
                                   "save is missing; copy the whole checkpoint folder). Nothing was written.")
         self.files = {METADATA: meta, **{name: source_file(self.folder, name, f"the data file (named by {METADATA})")
                                          for name in sorted(stored)}}
+        self.read = list(self.files.values())  # what `check_unchanged` holds SRC to
         self.tensors, self.objects = {}, []
         for name, entry in self.metadata.state_dict_metadata.items():
             if isinstance(entry, BytesStorageMetadata):

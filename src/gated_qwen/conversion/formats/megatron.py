@@ -182,6 +182,7 @@ class LegacyCheckpoint(Checkpoint):
                                   "weights); unpickling a file can run code from it. Pass --allow-pickle (Python: "
                                   "allow_pickle=True) to read it with torch.load(weights_only=True).")
         self.files = {rank: source_file(folder, f"{rank}/{LEGACY_FILE}", "SRC's") for rank in ranks}
+        self.read = list(self.files.values())  # what `check_unchanged` holds SRC to
         states = [_load(file) for file in self.files.values()]
         self.args = states[0].get("args")
         self.models = [state.get("model") or {} for state in states]
