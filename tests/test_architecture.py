@@ -140,7 +140,7 @@ def test_the_package_registers_its_kernel_reader_and_push_for_the_shipped_classe
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     from gated_qwen.conversion import loading
-    from gated_qwen.integrations import gated_triton, hub
+    from gated_qwen.integrations import gated_triton, model_card
     from gated_qwen.kernel import attention
 
     registered = ALL_ATTENTION_FUNCTIONS[gating.FUSED_ATTENTION]
@@ -150,7 +150,7 @@ def test_the_package_registers_its_kernel_reader_and_push_for_the_shipped_classe
     assert attention.ATTENTION_NAME == gating.FUSED_ATTENTION  # the name the kernel's messages use
     assert not gating.applies_output_gate(ALL_ATTENTION_FUNCTIONS["sdpa"])
     base = modeling_gated.GatedQwenPreTrainedModel
-    assert base.push_to_hub is hub.model_push_to_hub
+    assert base.push_to_hub is model_card.model_push_to_hub
     assert base._read_pretrained.__func__.__module__ == loading.__name__
     assert GatedQwenConfig.get_config_dict.__func__.__module__ == loading.__name__
     assert GatedQwenMoeForCausalLM._read_pretrained.__func__ is base._read_pretrained.__func__

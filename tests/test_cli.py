@@ -193,7 +193,7 @@ def test_attention_memory_is_counted_where_it_is_quadratic():
     from helpers import TINY
 
     from gated_qwen import GatedQwenConfig
-    from gated_qwen.analysis.memory import forward_bytes
+    from gated_qwen.analysis.footprint import forward_bytes
 
     full = GatedQwenConfig(**TINY)
     sliding = GatedQwenConfig(**TINY, use_sliding_window=True, sliding_window=64, max_window_layers=0)
@@ -207,7 +207,7 @@ def test_the_training_memory_estimate_counts_every_parameter(variant):
     each: weights, gradients, Adam's two moments), on a preset whose memory is almost all parameters: never less, and
     at most the largest (elementwise) gate's parameters more."""
     from gated_qwen import GatedQwenForCausalLM
-    from gated_qwen.analysis.memory import training_bytes
+    from gated_qwen.analysis.footprint import training_bytes
     from gated_qwen.analysis.miniature.presets import PLANS, customised, model_config
 
     preset = customised(PLANS["large"].main, seq_len=2, batch_size=1, steps=1, eval_documents=1, analysis_documents=1,

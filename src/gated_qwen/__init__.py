@@ -19,7 +19,7 @@ with import_noise_quieted():  # what torch and Transformers' optional imports wa
     )
 
     from .conversion.loading import read_other_formats
-    from .integrations import gated_triton, hub
+    from .integrations import gated_triton, model_card
     from .integrations.peft_defaults import register_peft_defaults
     from .model import modeling_gated, modeling_gated_moe
     from .model.configuration_gated import GatedQwenConfig
@@ -68,7 +68,7 @@ def register() -> None:
       `from_pretrained` and the config's `get_config_dict` of these classes (`conversion.loading.read_other_formats`),
       which the code a saved folder ships does not have;
     - the push to the Hub with this package's model card (`push_to_hub` of these models,
-      `integrations.hub.model_push_to_hub`);
+      `integrations.model_card.model_push_to_hub`);
     - the paper's models by name, `from_paper` of both configs (`paper_presets`);
     - PEFT's default LoRA targets (a no-op without PEFT).
     """
@@ -90,7 +90,7 @@ def register() -> None:
     gated_triton.register()
     # Attached to the bases, so the mixture of experts' config and models have them too.
     read_other_formats(GatedQwenConfig, GatedQwenPreTrainedModel)
-    GatedQwenPreTrainedModel.push_to_hub = hub.model_push_to_hub
+    GatedQwenPreTrainedModel.push_to_hub = model_card.model_push_to_hub
     GatedQwenConfig.from_paper = classmethod(from_paper)  # the paper's presets, data of the package
     register_peft_defaults()
 

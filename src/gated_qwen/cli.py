@@ -15,7 +15,7 @@ import sys
 from .analysis import cli as analysis
 from .conversion import cli as conversion
 from .import_noise import quiet_import_noise
-from .integrations import hub
+from .integrations import model_card
 
 REFUSED = 2  # a bad input, flag or destination (argparse uses 2 for bad flags too)
 
@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=Parser)
     # Each module's `register(subparsers)` adds its subcommands, whose `func(args) -> int` runs them.
-    for module in (analysis, conversion, hub):
+    for module in (analysis, conversion, model_card):
         module.register(subparsers)
     return parser
 

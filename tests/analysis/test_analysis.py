@@ -899,7 +899,7 @@ def test_short_stages_train_before_the_main_one():
     """`Preset.short_stages`: steps on shorter documents first, in order (the paper's pretraining before its
     long-context stage; a curriculum of lengths), logged with the rest; the memory estimate counts the largest
     stage's documents."""
-    from gated_qwen.analysis.memory import training_bytes
+    from gated_qwen.analysis.footprint import training_bytes
     from gated_qwen.analysis.miniature.presets import PLANS, customised
     from gated_qwen.analysis.miniature.runs import train_and_measure
 

@@ -553,16 +553,16 @@ def test_a_model_in_a_sub_folder_of_a_cache_snapshot_is_read_through_its_links(q
 
 
 def test_srcs_code_named_like_a_module_of_this_package_is_srcs_own(qwen3_sources, tmp_path, capsys):
-    """SRC's hub.py or cli.py (named like modules of this package that a saved folder does not ship) is SRC's code:
+    """SRC's model_card.py or cli.py (named like modules of this package that a saved folder does not ship) is SRC's code:
     carried with --carry-code, said to be left behind without it."""
     src = copy_source(qwen3_sources, tmp_path)
-    (src / "hub.py").write_text("# someone else's code\n")
+    (src / "model_card.py").write_text("# someone else's code\n")
     assert main(["convert", str(src), str(tmp_path / "plain"), "--from", "qwen3", "--no-verify"]) == 0
-    assert "not carried: SRC's code files ['hub.py'] (someone else's code" in capsys.readouterr().err
-    assert not (tmp_path / "plain" / "hub.py").exists()
+    assert "not carried: SRC's code files ['model_card.py'] (someone else's code" in capsys.readouterr().err
+    assert not (tmp_path / "plain" / "model_card.py").exists()
     assert main(["convert", str(src), str(tmp_path / "code"), "--from", "qwen3", "--no-verify", "--carry-code"]) == 0
-    assert "carried SRC's code files ['hub.py'] (--carry-code)" in capsys.readouterr().err
-    assert (tmp_path / "code" / "hub.py").read_text() == "# someone else's code\n"
+    assert "carried SRC's code files ['model_card.py'] (--carry-code)" in capsys.readouterr().err
+    assert (tmp_path / "code" / "model_card.py").read_text() == "# someone else's code\n"
 
 
 # ------------------------------------------------------------------------------- a missing tensor that holds the gate

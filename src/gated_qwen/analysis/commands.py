@@ -12,8 +12,8 @@ import time
 
 from ..files import check_output, output_file, output_folder, write_json
 from . import measure
+from .footprint import check_fits, check_windows_fit, forward_bytes
 from .inputs import Inputs, device, load_model
-from .memory import check_fits, check_windows_fit, forward_bytes
 from .perplexity import perplexity_by_length
 from .quantize import perplexity_under_quantization
 from .report import markdown_table, write_analysis

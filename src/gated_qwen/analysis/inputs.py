@@ -16,7 +16,7 @@ from ..files import CONFIG_VALUE_ERRORS, check_safetensors_files, config_from_di
 from ..files.identity import resolved
 from ..files.reading import utf8_named
 from ..model.configuration_gated import GATED_MODEL_TYPES
-from .memory import check_model_fits
+from .footprint import check_model_fits
 from .miniature.corpora import CORPORA, HELDOUT_SEED
 
 if TYPE_CHECKING:

@@ -424,7 +424,7 @@ def files_to_carry(src: Path, carry_code: bool = False) -> tuple[dict[str, Sourc
 def shipped_code() -> frozenset[str]:
     """The code files a saved gated_qwen folder ships, which `save_pretrained` copies from this package (each
     modeling module and the files it imports relatively, all of `model/`): not someone else's code. The package's
-    other modules (`hub.py`, `cli.py`...) are not among them, so SRC's files of those names are SRC's own."""
+    other modules (`model_card.py`, `cli.py`...) are not among them, so SRC's files of those names are SRC's own."""
 
 
     return frozenset(Path(file).name for module in (modeling_gated, modeling_gated_moe)

@@ -1,10 +1,11 @@
 """What the format modules share: the config fields every format here has in common with GatedQwen's, the
 checkpoint dtype a config.json names, the gate an import may add (`--add-gate`, gate fields of `from_pretrained`)
-and the note that goes with it. Standard library only."""
+and the note that goes with it."""
 
 from __future__ import annotations
 
 from ..files import parse_json
+from ..model.configuration_gated import MOE_FIELDS
 from .errors import CheckpointFormatError
 
 # The Qwen3 fields that every format here shares with GatedQwenConfig (same names, same meaning).
@@ -15,9 +16,9 @@ QWEN3_FIELDS = (
     "bos_token_id", "eos_token_id",
 )
 SLIDING_FIELDS = ("use_sliding_window", "sliding_window", "max_window_layers", "layer_types")
-# The mixture-of-experts fields that Qwen3-MoE / Qwen3-Next share with GatedQwenMoeConfig.
-MOE_FIELDS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step",
-              "mlp_only_layers", "router_aux_loss_coef", "output_router_logits")
+# The mixture-of-experts fields of GatedQwenMoeConfig that Qwen3-MoE and Qwen3-Next have too (Qwen3-Next adds the
+# shared expert's width; neither has the router z-loss).
+STOCK_MOE_FIELDS = tuple(f for f in MOE_FIELDS if f not in ("shared_expert_intermediate_size", "router_z_loss_coef"))
 
 A7_NOTE = (
     "Note (Qiu et al. 2025, appendix A.7): adding a gate to an already-trained model does not remove the attention "

@@ -1,5 +1,5 @@
 """How much memory this process can still allocate: what every command checks before anything large is built
-(`analysis.memory` for the analysis commands' sizes, `conversion` for a checkpoint's tensors)."""
+(`analysis.footprint` for the analysis commands' sizes, `conversion` for a checkpoint's tensors)."""
 
 from __future__ import annotations
 

@@ -8,5 +8,5 @@ as Liger-Kernel keeps its `transformers/` glue apart from its `ops/`:
     vllm_plugin.py    vLLM's plugin entry point: registers vllm_model.py's model for gated_qwen folders
     vllm_model.py     gated_qwen in vLLM's own layers, with the gate
     peft_defaults.py  PEFT's default LoRA targets for the gated model types
-    hub.py            the Hugging Face Hub: the model card (`gated-qwen card`) and `push_to_hub` with it
+    model_card.py     the Hugging Face Hub: the model card (`gated-qwen card`) and `push_to_hub` with it
 """

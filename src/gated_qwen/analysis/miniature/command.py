@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import save_file
 
 from ...files import check_output, output_folder
-from ..memory import check_training_fits
+from ..footprint import check_training_fits
 from . import runs
 from .corpora import CORPORA, HELDOUT_SEED
 from .presets import PLANS, VARIANTS, customised, extrapolation_lengths, model_config, plan_dict, training_key

@@ -21,7 +21,7 @@ from transformers import Qwen3Config, Qwen3MoeConfig
 from ...model.gating import ACTIVATIONS, POSITIONS, gated_layers
 from ..errors import CheckpointFormatError
 from ..format import Context, Format, Reading, TensorRule
-from ..shared import MOE_FIELDS, QWEN3_FIELDS, SLIDING_FIELDS, parse_gate
+from ..shared import QWEN3_FIELDS, SLIDING_FIELDS, STOCK_MOE_FIELDS, parse_gate
 from .release import RELEASE_KEYS
 
 if TYPE_CHECKING:
@@ -149,7 +149,7 @@ def qwen3_moe_config_fields(cfg: dict, gate: dict | None) -> dict:
                 "head_dim": getattr(stock, "head_dim", None) or stock.hidden_size // stock.num_attention_heads,
                 "use_sliding_window": sliding, "max_window_layers": 0 if sliding else layers,
                 "layer_types": ["sliding_attention" if sliding else "full_attention"] * layers}
-    return dict(qwen3_config_fields(as_qwen3, gate), **{k: getattr(stock, k) for k in MOE_FIELDS})
+    return dict(qwen3_config_fields(as_qwen3, gate), **{k: getattr(stock, k) for k in STOCK_MOE_FIELDS})
 
 
 # Every tensor an added gate can change or come with (see `added_gate_targets` / `added_gate_tensors`).

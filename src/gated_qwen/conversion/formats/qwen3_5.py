@@ -53,7 +53,7 @@ from ..export_steps import (
 )
 from ..format import Context, ExportOption, FolderWriting, Format, Reading, TensorRule
 from ..plans import TensorMap, copy_rest
-from ..shared import MOE_FIELDS, QWEN3_FIELDS, source_dtype
+from ..shared import QWEN3_FIELDS, STOCK_MOE_FIELDS, source_dtype
 
 if TYPE_CHECKING:
     import torch
@@ -112,7 +112,7 @@ def qwen3_5_config_fields(cfg: dict, gate: dict | None = None) -> dict:
                   gate_position="sdpa", gate_granularity="elementwise", gate_bias=stock.attention_bias)
     if model_type == "qwen3_next" and moe_layers(stock.num_hidden_layers, stock.num_experts, stock.mlp_only_layers,
                                                  stock.decoder_sparse_step):
-        fields.update({k: getattr(stock, k) for k in MOE_FIELDS},
+        fields.update({k: getattr(stock, k) for k in STOCK_MOE_FIELDS},
                       shared_expert_intermediate_size=stock.shared_expert_intermediate_size,
                       mlp_only_layers=stock.mlp_only_layers or None)
     return fields
@@ -253,7 +253,7 @@ def plan_gated_to_qwen3_next(ckpt: Checkpoint, allow_o_proj_bias: bool = False):
     check_o_proj_bias(config, allow_o_proj_bias)
     plan = qwen3_5_tensors(ckpt, config)
     fields = attention_fields(config)
-    fields.update({k: getattr(config, k) for k in (*MOE_FIELDS, "shared_expert_intermediate_size")},
+    fields.update({k: getattr(config, k) for k in (*STOCK_MOE_FIELDS, "shared_expert_intermediate_size")},
                   mlp_only_layers=config.mlp_only_layers or [])
     return stock_config(Qwen3NextConfig, fields, "Qwen3NextForCausalLM", ckpt), plan
 

@@ -25,7 +25,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 import gated_qwen.model.modeling_gated
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
 from gated_qwen.cli import main as cli
-from gated_qwen.integrations.hub import describe_gate, model_card
+from gated_qwen.integrations.model_card import describe_gate, model_card
 from gated_qwen.model.gating import gate_parameters_per_layer, gated_layers
 
 RESULTS = [{"task_type": "text-generation", "dataset_type": "wikitext", "dataset_name": "WikiText-103",
