@@ -20,7 +20,6 @@ from .report import markdown_table, write_analysis
 
 
 def run_analyze(args) -> int:
-
     out = dict(inputs=[args.model, args.text, args.tokens], overwrite=args.overwrite, create_parents=True)
     check_output(args.out, **out)  # before the slow part
     model = load_model(args.model, args.dtype, device(args.device))
@@ -50,7 +49,6 @@ def run_analyze(args) -> int:
 
 # -------------------------------------------------------------------------------------------------- eval-ppl
 def run_eval_ppl(args) -> int:
-
     out = dict(inputs=[args.model, args.text, args.tokens], overwrite=args.overwrite, create_parents=True)
     if args.out:
         check_output(args.out, kind="file", **out)  # before the slow part

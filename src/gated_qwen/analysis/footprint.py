@@ -18,7 +18,6 @@ def check_model_fits(causal_lm: type, config, dtype, device: str, what: str) -> 
     device, from the config's own sizes, before anything is allocated), naming its largest tensor: `vocab_size` 2e8
     over tiny weights is 25 GB of embeddings that `from_pretrained` would allocate before it found the shapes
     wrong. `what` names the config.json."""
-
     with torch.device("meta"):
         model = causal_lm(config)
     parameters = dict(model.named_parameters())  # tied weights once
@@ -85,7 +84,6 @@ def training_bytes(preset) -> int:
     and Adam's two moments (16 bytes a parameter; the gate counted as the largest, elementwise, one), the training
     and held-out documents, and the largest forward the run makes: a training step (kept for the backward, about 3
     forwards), the analysis of `analysis_documents`, or the longest extrapolation length."""
-
     hidden, heads, kv_heads, head_dim = (preset.hidden_size, preset.num_attention_heads, preset.num_key_value_heads,
                                          preset.head_dim)
     shape = SimpleNamespace(vocab_size=preset.language.vocab_size, hidden_size=hidden, head_dim=head_dim,
@@ -120,7 +118,6 @@ def _training_sizes(preset) -> list[tuple[str, str, int, Callable[[int], dict], 
 def check_training_fits(preset, runs_at_once: int, args, device: str) -> None:
     """Refuses a `reproduce` whose runs at once (`training_bytes` each) would not fit in `device`'s memory, naming
     the first flag that alone could make it fit (a flag given on the command line first) and the most that fits."""
-
     available = available_memory(device)
     if available is None or runs_at_once * training_bytes(preset) <= available[0]:
         return

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import pickle
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from transformers import AutoTokenizer
 
 from .. import GatedQwenForCausalLM, GatedQwenMoeForCausalLM
+from ..conversion.io import unpickling_reason
 from ..conversion.loading import gated_config_dict
 from ..files import CONFIG_VALUE_ERRORS, check_safetensors_files, config_from_dict, read_json_object
 from ..files.identity import resolved
@@ -19,9 +22,6 @@ from ..model.configuration_gated import GATED_MODEL_TYPES
 from .footprint import check_model_fits
 from .miniature.corpora import CORPORA, HELDOUT_SEED
 
-if TYPE_CHECKING:
-    import torch
-
 
 class Inputs:
     """Held-out token windows for a model: from a text file (the model folder's tokenizer), a safetensors file of
@@ -29,16 +29,12 @@ class Inputs:
     `reproduce`). Every window starts the way training sequences did: with BOS where there is one."""
 
     def __init__(self, model_path: str, vocab_size: int, text: str | None, tokens: str | None):
-
-
         self.vocab_size = vocab_size
         self.stream = self.rows = None
         for option, path in (("--text", text), ("--tokens", tokens)):
             if path and not Path(path).is_file():
                 raise ValueError(f"{option} {path!r} is not a file.")
         if text:
-            from transformers import AutoTokenizer
-
             try:
                 with utf8_named(model_path) as named:  # a name the tokenizers library can open
                     tokenizer = AutoTokenizer.from_pretrained(named)
@@ -56,9 +52,6 @@ class Inputs:
             self.bos = tokenizer.bos_token_id
             self.description = f"{text} ({len(self.stream)} tokens, {type(tokenizer).__name__})"
         elif tokens:
-            from safetensors import SafetensorError
-            from safetensors.torch import load_file
-
             try:
                 tensors = load_file(tokens)
             except SafetensorError as error:
@@ -86,8 +79,6 @@ class Inputs:
 
     def windows(self, length: int, count: int) -> torch.Tensor:
         """`[n, length]` with n <= `count` windows (fewer only when a text is too short for `count`)."""
-
-
         if self.stream is not None:
             body = length - (self.bos is not None)
             n = min(count, len(self.stream) // body)
@@ -112,8 +103,6 @@ def load_model(path: str, dtype: str, device: str):
     """A gated_qwen or gated_qwen_moe folder, or one `from_pretrained` reads directly (the paper's release, stock
     Qwen3 / Qwen3-MoE, Qwen3.5 / Qwen3-Next; other model types are refused with the reason), with the causal LM of
     its kind: `GatedQwenForCausalLM`, or `GatedQwenMoeForCausalLM` for a mixture of experts."""
-
-
     resolved(Path(path), f"MODEL {path!r}", ValueError)
     resolved(Path(path) / "config.json", f"MODEL {path!r}: config.json", ValueError)
     if not (Path(path) / "config.json").is_file():
@@ -136,8 +125,6 @@ def load_model(path: str, dtype: str, device: str):
             model = causal_lm.from_pretrained(named, dtype=getattr(torch, dtype), attn_implementation="sdpa",
                                               return_dict=True)  # outputs as measure reads them, whatever config.json says
     except pickle.UnpicklingError as error:
-        from ..conversion.io import unpickling_reason
-
         raise ValueError(
             f"MODEL {path!r} holds pickled weights that torch.load(weights_only=True) refuses ("
             f"{unpickling_reason(error)}); only plain tensors are read from pickled files. Save the weights as "
@@ -148,7 +135,6 @@ def load_model(path: str, dtype: str, device: str):
 def device(name: str) -> str:
     """`--device`: `auto` (CUDA when available, else the CPU) or a device this PyTorch has here, checked before any
     work (a `ValueError` naming what would be right)."""
-
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     try:

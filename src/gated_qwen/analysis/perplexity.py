@@ -84,7 +84,6 @@ def yarn_bands(config, factor: float) -> dict:
     against the plain ones (`theta^(-2i/d)`, i = 0 .. d/2 - 1): `{"unchanged", "ramp", "interpolated"}` (lists of
     i), `rotations` (turns of each frequency within the trained context) and `attention_factor` (YaRN's scale on
     cos and sin, so the attention logits scale by its square)."""
-
     original, theta = config.max_position_embeddings, config.rope_parameters["rope_theta"]
     yarn = copy.deepcopy(config)
     yarn.rope_parameters = {"rope_type": "yarn", "rope_theta": theta, "factor": float(factor),

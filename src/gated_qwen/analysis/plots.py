@@ -20,7 +20,7 @@ def _pyplot():
         raise ModuleNotFoundError("plots need matplotlib, which is not installed: pip install 'gated-qwen[analysis]'.",
                                   name="matplotlib") from error
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after the backend is chosen
 
     return plt
 

@@ -1,5 +1,4 @@
-"""The conversion's errors (standard library only, so the command line can name them without the model stack).
-The command line prints each as one line: `ConversionError` exits with 2 (refused), `VerificationError` with 1."""
+"""The conversion's errors. The command line prints each as one line: `ConversionError` exits with 2 (refused), `VerificationError` with 1."""
 
 import importlib
 

@@ -3,7 +3,7 @@
 config translation, tensor rules), its writing (`FolderWriting`: a safetensors folder from a plan; `FileWriting`: its
 own files) and, where no Transformers class reads it, its `OwnModel`. `formats.FORMATS` registers it with one line.
 
-Standard library only. `loading.py` turns a format's tensor rules into Transformers `WeightConverter`s for
+`loading.py` turns a format's tensor rules into Transformers `WeightConverter`s for
 `from_pretrained`, `plans.py` into the streaming plans of `gated-qwen convert`; `structure.py` and `verify.py` read
 its models. A `TensorRule` reads one source tensor (a name suffix such as `self_attn.q_proj.weight`, matched wherever
 it ends a name) and gives the GatedQwen tensors it becomes, named by the same prefix: `convert(context, tensor) ->
@@ -16,14 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
-if TYPE_CHECKING:
-    from pathlib import Path
+import torch
 
-    import torch
-
-    from .io import Checkpoint, TensorPlan
+from .io import Checkpoint, TensorPlan
 
 
 @dataclass(frozen=True)

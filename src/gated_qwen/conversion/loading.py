@@ -57,7 +57,6 @@ DOWNLOAD_KWARGS = ("cache_dir", "force_download", "proxies", "token", "revision"
 def read_other_formats(config_class: type, model_class: type) -> None:
     """Gives `config_class` (GatedQwenConfig) and `model_class` (GatedQwenPreTrainedModel), and so their subclasses,
     the `get_config_dict` and `_read_pretrained` of this module. Idempotent."""
-
     def get_config_dict(cls, pretrained_model_name_or_path, **kwargs):
         """config.json of a GatedQwen folder of this model type, or of a folder in a format the gated_qwen package
         reads (the paper's release, stock Qwen3 / Qwen3-MoE, Qwen3.5 text / Qwen3-Next with every layer full
@@ -134,7 +133,6 @@ def check_folder(folder: Path, fmt: Format, config) -> None:
     """Refuses the tensors of a local folder in format `fmt` (read from the safetensors headers) where they
     disagree with its config.json: the format's own check, then the structural one (every tensor the model its
     config.json describes has, with its shape)."""
-
     ckpt = Checkpoint(folder)
     shapes = {tensor: info.shape for tensor, info in ckpt.tensors.items()}
     if fmt.reading.check is not None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from transformers.conversion_mapping import get_model_conversion_mapping
@@ -29,11 +28,9 @@ from transformers.modeling_utils import remove_tied_weights_from_state_dict
 
 from ..files import config_from_dict
 from ..model.gating import gated_layers
+from .format import Format
 from .formats import model_class
 from .io import Checkpoint, ConversionError, TensorPlan
-
-if TYPE_CHECKING:
-    from .format import Format
 
 Shape = tuple[int, ...]
 
@@ -49,7 +46,6 @@ def model_layout(cls: type, config) -> list[list[dict[str, Shape]]]:
     """Per part of the model of class `cls` built from `config` (on the meta device; parts as `_unit` cuts them): its
     accepted on-disk forms, each `{name: shape}`: what `save_pretrained` writes first, the in-memory names and
     layout second when they differ (Transformers reads both, e.g. one tensor per expert or the stacked experts)."""
-
     with torch.device("meta"):
         model = cls(config)
     units: dict[str, dict] = {}
@@ -111,7 +107,6 @@ def compare(found: dict[str, Shape], layout: list[list[dict[str, Shape]]], *, un
 
 def tensor_layout(fmt: Format, config_dict: dict) -> list[list[dict[str, Shape]]]:
     """The layout (`model_layout`) of the model of format `fmt` that `config_dict` (a config.json) describes."""
-
     if fmt.model is not None:  # a format no Transformers class reads
         return [[{name: shape}] for name, shape in fmt.model.tensor_shapes(config_dict).items()]
     cls = model_class(config_dict.get("model_type"))
@@ -123,7 +118,6 @@ def source_problem(fmt: Format, config_dict: dict, found: dict[str, Shape], conf
     describes (`compare`; tensors the model does not use are the planner's to refuse). A missing tensor from which
     the format reads a gate of `config` (GatedQwen's config of the source: the release's and Qwen3.5's q_proj hold a
     layer's gate rows with its queries) is said to hold it, as a missing gate tensor is."""
-
     layers = set(gated_layers(config)) if config is not None else set()
 
     def describe(name: str) -> str:
@@ -149,7 +143,6 @@ def check_source(ckpt: Checkpoint, fmt: Format, config=None) -> None:
 def check_plan(plan: dict[str, TensorPlan], fmt: Format, folder: Path) -> None:
     """Refuses a plan that does not write exactly the parameters of the model of format `fmt` that the config.json
     in `folder` (just written there) describes."""
-
     layout = tensor_layout(fmt, json.loads((folder / "config.json").read_text()))
     problem = compare({name: p.shape for name, p in plan.items()}, layout)
     if problem:

@@ -11,20 +11,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
 from ..files.reading import utf8_named
 from .errors import ConversionError, VerificationError
-from .format import FileWriting
+from .format import FileWriting, Format
 from .formats import model_class
 from .io import open_checkpoint
-
-if TYPE_CHECKING:
-    import torch
-
-    from .format import Format
 
 VERIFY_MAX_PARAMETERS = 500_000_000  # verify by default up to this size (two float32 copies: about 4 GB)
 VERIFY_RTOL = 1e-3  # pass when max |logit difference| <= VERIFY_RTOL * max(1, max |reference logit|)
@@ -39,9 +33,6 @@ def model_logits(folder: Path, fmt: Format, input_ids: torch.Tensor, allow_pickl
 
 
 def _logits(folder: Path, fmt: Format, input_ids: torch.Tensor, allow_pickle: bool) -> torch.Tensor:
-
-
-
     if fmt.model is not None:  # a format no Transformers class reads
         return fmt.model.logits(open_checkpoint(fmt, folder, allow_pickle), input_ids)
     if isinstance(fmt.writing, FileWriting):  # the format's own files: `folder` is the file or their folder
@@ -61,7 +52,6 @@ def verify(src: Path, src_format: Format, result: Path, result_format: Format, v
     """Compares the logits of `src` and `result` on `VERIFY_SHAPE` random sequences; returns the max difference
     relative to `max(1, max |source logit|)`, or raises VerificationError when it exceeds `VERIFY_RTOL` (and
     ConversionError when the source's own logits are not finite)."""
-
     input_ids = torch.randint(0, vocab_size, VERIFY_SHAPE, generator=torch.Generator().manual_seed(0))
     reference = model_logits(src, src_format, input_ids, allow_pickle)
     if not torch.isfinite(reference).all():

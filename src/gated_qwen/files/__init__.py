@@ -31,9 +31,9 @@ The rules, written once:
 
 One module per job: `identity.py` (what an output may not be, checked before anything is written: `check_output`),
 `staging.py` (owner records, staging and publishing: `output_folder`, `output_file`, `clean_stale`), `scratch.py`
-(a run's temporary folders: `scratch_folder`, `clean_stale_scratch`) and `reading.py` (what the package reads: JSON
-objects, a config.json's values, safetensors headers, each refused in one line). Standard library only at import:
-the command-line parser imports this package without the model stack.
+(a run's temporary folders: `scratch_folder`, `clean_stale_scratch`), `reading.py` (what the package reads: JSON
+objects, a config.json's values, safetensors headers, each refused in one line) and `memory.py` (how much memory
+this process can still allocate).
 """
 
 from __future__ import annotations

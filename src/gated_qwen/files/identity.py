@@ -1,6 +1,6 @@
 """What an output may not be, checked before anything is read or written (`check_output`): an input (by file
 identity, through any link), inside one, or holding one; a Hugging Face cache; a mount point; a name longer than the
-file system allows. The rules are in `gated_qwen.files`' docstring. Standard library only."""
+file system allows. The rules are in `gated_qwen.files`' docstring."""
 
 from __future__ import annotations
 
@@ -170,7 +170,6 @@ def _holds_cache_repository(folder: Path) -> bool:
 def _configured_caches() -> list[Path]:
     """The Hugging Face caches this machine is configured with that exist: HF_HOME (the token lives there) and the
     hub cache (huggingface_hub's constants, which read HF_HOME, HF_HUB_CACHE, XDG_CACHE_HOME)."""
-
     return [Path(folder).resolve() for folder in (constants.HF_HOME, constants.HF_HUB_CACHE) if Path(folder).is_dir()]
 
 

@@ -4,8 +4,6 @@ headers of a folder's safetensors files, each refused with one line that names t
 be right, never a traceback from deep inside Transformers or safetensors. The rest of `files/` is its counterpart
 for what the package writes.
 
-Standard library only at import (Transformers only when a config.json is read): the command-line parser imports
-this module without the model stack.
 """
 
 from __future__ import annotations

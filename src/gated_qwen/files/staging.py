@@ -1,6 +1,6 @@
 """Outputs whole or not at all: each is built in a staging folder beside it (`.NAME.writing-PID-XXXXXXXX/NAME`),
 owned by this project's owner record, and renamed into place only when complete (`output_folder`, `output_file`);
-`clean_stale` removes what a killed run left. The rules are in `gated_qwen.files`' docstring. Standard library only.
+`clean_stale` removes what a killed run left. The rules are in `gated_qwen.files`' docstring.
 """
 
 from __future__ import annotations

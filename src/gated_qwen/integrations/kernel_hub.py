@@ -17,8 +17,7 @@ path, host or user in any file). The metadata id carries the sources' SHA-256, s
 custom ops. The module exports what `kernel/__init__.py` exports; a saved folder registers its
 `gated_attention_forward` in Transformers' attention registry (`model/attention_choice.py`, `hub_kernel_attention`).
 
-Standard library only (and gated_qwen.files): it runs where only the source tree is, e.g. on the GPU machine
-(benchmarks/gpu_check_device.sh). Publishing it to the Hub: docs/kernel.md.
+Publishing it to the Hub: docs/kernel.md.
 """
 
 import argparse

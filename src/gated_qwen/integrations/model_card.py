@@ -30,7 +30,6 @@ import os
 import tempfile
 import unicodedata
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from huggingface_hub import CommitOperationAdd, EvalResult, HfApi, ModelCard, ModelCardData, hf_hub_download
@@ -42,11 +41,6 @@ from ..model.configuration_gated_moe import GatedQwenMoeConfig
 from ..model.gating import FIELDS, POSITIONS, gate_parameters_per_layer, gated_layers, is_recommended
 from ..model.modeling_gated import GatedQwenForCausalLM
 from ..model.modeling_gated_moe import GatedQwenMoeForCausalLM
-
-if TYPE_CHECKING:
-    from huggingface_hub import EvalResult, ModelCard
-
-    from ..model.configuration_gated import GatedQwenConfig
 
 TEMPLATE = Path(__file__).parents[1] / "hub_cards" / "model_card.md"
 TAGS = ["gated-attention", "gated_qwen", "custom_code", "text-generation"]
@@ -60,7 +54,6 @@ class CardError(ValueError):
 
 def describe_gate(config: GatedQwenConfig) -> str:
     """One sentence naming the gate variant in the paper's terms (G1...G5, elementwise/headwise, ...)."""
-
     if config.gate_position is None:
         control = {
             None: "",
@@ -86,15 +79,12 @@ def describe_gate(config: GatedQwenConfig) -> str:
 
 
 def _gate_fields(config: GatedQwenConfig) -> list[tuple[str, object]]:
-
     return [(name, getattr(config, name)) for name in FIELDS]
 
 
 def count_parameters(config: GatedQwenConfig) -> tuple[int, int]:
     """(all parameters, gate parameters) of the causal LM of `config` (`GatedQwenForCausalLM`, or
     `GatedQwenMoeForCausalLM` for a `GatedQwenMoeConfig`), counted on the meta device."""
-
-
     with torch.device("meta"):
         model = (GatedQwenMoeForCausalLM if isinstance(config, GatedQwenMoeConfig) else GatedQwenForCausalLM)(config)
     return model.num_parameters(), gate_parameters_per_layer(config) * len(gated_layers(config))
@@ -126,7 +116,6 @@ def read_eval_results(path: str | os.PathLike) -> list[EvalResult]:
     """Reads a JSON list of results, each an object with `huggingface_hub.EvalResult`'s fields, e.g.
     `{"task_type": "text-generation", "dataset_type": "wikitext", "dataset_name": "WikiText-103",
     "metric_type": "perplexity", "metric_value": 12.3}`, each field checked for its type."""
-
     kinds = {field.name: _field_kind(field.type) for field in dataclasses.fields(EvalResult) if field.init}
     fields = list(kinds)
     path = Path(path)
@@ -175,7 +164,6 @@ def model_card(
     pasted into the card's text is checked or quoted: `model_name` is one line of printable text, `repo_id` and
     `base_model` are Hub repository ids (Hugging Face's rules), the code examples hold `repo_id` as a Python string
     literal, and the evaluation table's cells are escaped."""
-
     model_name = check_model_name(model_name)
     for flag, value in (("--repo-id", repo_id), ("--base-model", base_model)):
         if value is not None:
@@ -210,7 +198,6 @@ def model_card(
 def check_repo_id(repo_id: str, flag: str) -> str:
     """`repo_id` when it is a Hub repository id by Hugging Face's rules (`huggingface_hub`'s validator), else a
     `CardError` naming `flag`."""
-
     try:
         validate_repo_id(repo_id)
     except HFValidationError as error:
@@ -241,8 +228,6 @@ def push_to_hub(model, repo_id: str, *, commit_message: str | None = None, commi
     card it has, in both cases with the model's and the push's tags) and uploads the folder in one commit to
     `revision` (a branch created from `main` if new) or to a new pull request with `create_pr`. Returns the
     `CommitInfo`."""
-
-
     api = HfApi(token=token)
     repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
     added = [*(model.model_tags or []), *([tags] if isinstance(tags, str) else tags or [])]
@@ -276,7 +261,6 @@ def target_has_card(repo_id: str, revision: str | None = None, token: str | bool
     """Whether the revision a push to `repo_id` lands on already has a README.md: `revision` (default `main`; a pull
     request starts from it), or `main` when `revision` names a branch that does not exist yet (it is created from
     `main`)."""
-
     api = HfApi(token=token)
     revision = revision or "main"
     if api.file_exists(repo_id, "README.md", revision=revision):
@@ -329,7 +313,6 @@ def write_card(
 ) -> Path:
     """Writes MODEL_DIR/README.md (whole or not at all, through `gated_qwen.files`); an existing card is replaced
     only with `overwrite`, and never when it is one of the files the card is made from."""
-
     model_dir = Path(model_dir)
     destination = model_dir / "README.md"
     out = dict(inputs=[model_dir / "config.json", eval_results, *model_dir.glob("*.py")], overwrite=overwrite,

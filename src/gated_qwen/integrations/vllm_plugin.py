@@ -7,7 +7,7 @@ ARCHITECTURE = "GatedQwenForCausalLM"
 
 
 def register() -> None:
-    from vllm import ModelRegistry
+    from vllm import ModelRegistry  # run by vLLM, where it is installed
 
     if ARCHITECTURE not in ModelRegistry.get_supported_archs():
         ModelRegistry.register_model(ARCHITECTURE, "gated_qwen.integrations.vllm_model:GatedQwenForCausalLM")

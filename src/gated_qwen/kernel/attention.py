@@ -132,7 +132,6 @@ def _needs_backward(inputs: "KernelInputs") -> bool:
 def _timed_run(attend, inputs: "KernelInputs", causal: bool, scale: float | None, backward: bool):
     """One call of `attend` on the call's inputs, detached from the caller's graph (its gradients stay untouched):
     the forward, and the backward of a gradient of ones where `backward`."""
-
     def run():
         leaves = [None if t is None else t.detach().requires_grad_(backward)
                   for t in (inputs.q, inputs.k, inputs.v, inputs.gate)]

@@ -42,7 +42,7 @@ def _interpreter_scalar_index_fix() -> None:
     NumPy 2.4 refuses ("only 0-dimensional arrays can be converted to Python scalars"); Triton 3.7 squeezes the
     array first. This wraps the interpreter's patching of `tl.tensor` (redone at every kernel call; 3.6 undoes it
     after the call) to squeeze the same way. It touches the interpreter only: compiled kernels are unaffected."""
-    from triton.runtime import interpreter
+    from triton.runtime import interpreter  # only under TRITON_INTERPRET
 
     patch_tensor = interpreter._patch_lang_tensor
     if getattr(patch_tensor, "squeezes_scalars", False):  # a second copy (the kernel of a folder saved by gated_qwen 0.1)

@@ -150,7 +150,6 @@ def device_capability(tensor: torch.Tensor) -> tuple[int, int]:
 def prune_configs(kernel: str):
     """`early_config_prune` for `triton.autotune`: keep the configurations of `TUNING_SPACE[kernel]` listed for this
     device's architecture family and the launch's head-dim class."""
-
     def prune(configs, named_args, **kwargs):
         args = {**named_args, **kwargs}  # positional and keyword launch arguments
         allowed = allowed_entries(kernel, device_capability(args["Q"]), args["BLOCK_D"])

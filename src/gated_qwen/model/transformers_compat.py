@@ -76,7 +76,7 @@ def hub_attention_kernel_loader():
     """Transformers' own route for a Hub attention kernel, `load_and_register_attn_kernel("repo@revision:function",
     allow_all_kernels=...)`, where the installed Transformers has it and accepts the installed `kernels` (5.25 with
     kernels 0.19); else None. Asked at each use: whether `kernels` fits is Transformers' own (cached) answer."""
-    try:
+    try:  # 5.25 and later
         from transformers.integrations.hub_kernels import load_and_register_attn_kernel
         from transformers.utils.import_utils import is_kernels_available
     except ImportError:

@@ -121,7 +121,7 @@ def mcnemar(failures: list[tuple[bool, bool]], paper: str = "below") -> dict:
     `variant_only` / `against_only` (the discordant pairs), `p` (two-sided exact binomial test on them, SciPy's
     `binomtest`; 1 without any) and the `verdict`: the paper's side is that the variant fails less (`"below"`) or
     more (`"above"`) often; yes / no when p <= 5% and the discordant pairs lean its way / the other way."""
-    from scipy.stats import binomtest
+    from scipy.stats import binomtest  # the analysis extra
 
     if paper not in ("above", "below"):
         raise ValueError(f"`paper` must be 'above' or 'below', got {paper!r}.")
@@ -155,7 +155,7 @@ def benjamini_hochberg(p_values: list[float], alpha: float = ALPHA) -> list[bool
     adjusted p-value, SciPy's `false_discovery_control`, is at most `alpha`), in the order given."""
     if not p_values:
         return []
-    from scipy.stats import false_discovery_control
+    from scipy.stats import false_discovery_control  # the analysis extra
 
     return [bool(q <= alpha) for q in false_discovery_control(p_values, method="bh")]
 

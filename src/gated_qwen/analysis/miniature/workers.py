@@ -1,5 +1,4 @@
-"""`reproduce`'s worker processes: the pool that runs them (`run_in_workers`) and their life (standard library
-only, so that a spawned worker runs this before it imports the model stack, which takes seconds).
+"""`reproduce`'s worker processes: the pool that runs them (`run_in_workers`) and their life.
 
 A worker ignores Ctrl-C (the parent handles it and stops the workers), ends quietly when terminated (SIGTERM, how the
 parent stops them), and ends within 0.2 s once its parent is gone (killed), from its first moment on; each time it
@@ -16,12 +15,18 @@ lost one left and raises `WorkerLost`: one line saying what happened.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import shutil
 import signal
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
+
+from ...files import clean_stale_scratch
+from ...import_noise import quiet_import_noise
 
 SCRATCH: set[str] = set()  # this process's scratch folders (the Trainer's), removed however the worker ends
 
@@ -51,8 +56,6 @@ class _WhileParentLives:
 
 def worker_started(parent: int) -> None:
     """The pool's initializer: see the module docstring (`parent`: the parent's process id)."""
-    from ...import_noise import quiet_import_noise
-
     quiet_import_noise()
     sys.stderr = _WhileParentLives(sys.stderr, parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -78,10 +81,6 @@ def run_in_workers(task: Callable, items: Iterable, jobs: int) -> Iterator:
     (see the module docstring; `task` and the items must pickle). Close the generator (`contextlib.closing`) to stop
     the workers at once when the caller stops early; on an error in a task, Ctrl-C or a lost worker (`WorkerLost`)
     they are stopped before the error propagates."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-    from concurrent.futures.process import BrokenProcessPool
-
     context = multiprocessing.get_context("spawn")  # fork after torch has started threads is unsafe
     executor = ProcessPoolExecutor(jobs, mp_context=context, initializer=worker_started, initargs=(os.getpid(),))
     finished = False
@@ -102,8 +101,6 @@ def run_in_workers(task: Callable, items: Iterable, jobs: int) -> Iterator:
                 yield future.result()
         except BrokenProcessPool:
             _stop(executor, now=True)
-            from ...files import clean_stale_scratch
-
             clean_stale_scratch()  # the lost worker's, whose lock ended with it
             raise WorkerLost(_how_it_was_lost(workers.values(), jobs)) from None
         finished = True

@@ -70,5 +70,4 @@ def model_class(model_type: str) -> type:
     """The causal LM class that reads a folder of `model_type`: Transformers' (`AutoModelForCausalLM`'s mapping),
     in which the gated_qwen package has registered its own (`gated_qwen.register`, which runs as soon as
     Transformers is imported beside the package)."""
-
     return MODEL_FOR_CAUSAL_LM_MAPPING[CONFIG_MAPPING[model_type]]

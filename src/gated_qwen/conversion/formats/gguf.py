@@ -30,7 +30,6 @@ no vocabulary (`no_vocab`: llama.cpp runs it on token ids).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from tqdm.auto import tqdm
@@ -51,13 +50,8 @@ from ..export_steps import (
     zero_biases,
 )
 from ..format import FileWriting, Format
-from ..io import TensorPlan, carry_files
+from ..io import Checkpoint, TensorPlan, carry_files
 from ..plans import TensorMap, copy_rest
-
-if TYPE_CHECKING:
-    import torch
-
-    from ..io import Checkpoint, TensorPlan
 
 # The added Gated DeltaNet layer: Qwen3.5's head size and convolution, one key head and one value head.
 LINEAR_HEAD_DIM = 128
@@ -107,7 +101,6 @@ def gguf_name(name: str) -> str:
 
 def check_llama_cpp_can_run(config) -> None:
     """The refusals of llama.cpp's architectures beyond those of the Qwen3.5 / Qwen3-Next export."""
-
     if config.attention_bias:
         raise ConversionError("this model has attention_bias=True, an o_proj bias, which llama.cpp's Qwen3.5 / "
                               "Qwen3-Next attention does not have; nothing was written.")
@@ -136,8 +129,6 @@ def _zero_layer(config, layer: int) -> dict[str, TensorPlan]:
     """The added Gated DeltaNet layer `layer` (float32; `_typed` gives it the file's types): its output projections
     (`ssm_out`, and the FFN's or experts' down projections) are zero, so it adds exactly 0 to the residual stream;
     the norms are ones, `ssm_a` -1 (`A_log` 0), the rest zero."""
-
-
     hidden, d, blk = config.hidden_size, LINEAR_HEAD_DIM, f"blk.{layer}."
     shapes = {"attn_qkv.weight": (3 * d, hidden), "attn_gate.weight": (d, hidden),  # q, k, v of one head each
               "ssm_conv1d.weight": (3 * d, LINEAR_CONV_KERNEL), "ssm_dt.bias": (1,), "ssm_out.weight": (hidden, d)}
@@ -208,8 +199,6 @@ FLOAT32_SUFFIXES = ("_norm.weight", "ffn_gate_inp.weight", "ffn_gate_inp_shexp.w
 
 
 def _typed(name: str, plan: TensorPlan, dtype: torch.dtype) -> TensorPlan:
-
-
     wide = len(plan.shape) == 1 or name.endswith(FLOAT32_SUFFIXES) or not name.endswith(".weight")
     want = torch.float32 if wide else dtype
     return plan if plan.dtype == want else TensorPlan(plan.shape, want, lambda: plan.make().to(want))
@@ -267,7 +256,6 @@ def write_vocabulary(writer, src: Path, vocab_size: int) -> bool:
     """SRC's byte-level BPE tokenizer as llama.cpp's `gpt2` vocabulary (tokens padded to `vocab_size` with unused
     ones, merges, special token ids, chat template; the gguf package's `BpeVocab` and `SpecialVocab`), or `no_vocab`
     without a tokenizer.json; returns whether a vocabulary was written."""
-
     if not (src / "tokenizer.json").exists():
         writer.add_tokenizer_model("no_vocab")
         writer.add_vocab_size(vocab_size)
@@ -286,7 +274,6 @@ def _copy_tokenizer_files(src: Path, private: Path) -> None:
     """Copies SRC's tokenizer files into `private`, each through the file opened when it was checked as SRC's own
     (`io.carry_files`), so that what the gguf package reads by name is what was checked, whatever SRC's names point
     to meanwhile."""
-
     checked = {name: io.source_file(src, name, "SRC's tokenizer file")  # only SRC's own files are read
                for name in TOKENIZER_FILES if (src / name).exists() or (src / name).is_symlink()}
     carry_files(checked, private)
@@ -294,7 +281,6 @@ def _copy_tokenizer_files(src: Path, private: Path) -> None:
 
 def _add_vocabulary(writer, src: Path, vocab_size: int) -> None:
     """`write_vocabulary` from the checked copies in `src`."""
-
     gguf = _gguf()
     tokenizer = read_json_object(src / "tokenizer.json", "SRC's tokenizer.json", ConversionError)
     pre = pre_tokenizer(tokenizer)
@@ -330,7 +316,7 @@ def _add_vocabulary(writer, src: Path, vocab_size: int) -> None:
 def write_gguf(path: Path, arch: str, config, tensors: dict[str, TensorPlan], src: Path, name: str) -> bool:
     """Streams the GGUF into `path`: header, metadata and tensor index first, then one tensor at a time (memory:
     about the largest tensor). Returns whether a vocabulary was written."""
-    import numpy as np
+    import numpy as np  # the gguf extra's dependency
 
     gguf = _gguf()
     types = {torch.float32: (None, "float32"), torch.float16: (None, "float16"),
@@ -358,7 +344,6 @@ def write_gguf(path: Path, arch: str, config, tensors: dict[str, TensorPlan], sr
 
 def check_gguf(path: Path, arch: str, tensors: dict[str, TensorPlan]) -> None:
     """The file holds exactly the planned tensors (names, shapes, types), read back with the gguf package."""
-
     gguf = _gguf()
     reader = gguf.GGUFReader(path)
     found = {t.name: (tuple(int(n) for n in reversed(t.shape)), t.tensor_type.name) for t in reader.tensors}
@@ -376,7 +361,6 @@ def check_gguf(path: Path, arch: str, tensors: dict[str, TensorPlan]) -> None:
 def read_back(path: Path, stock) -> dict[str, torch.Tensor]:
     """The GGUF's tensors as the state dict of the stock Qwen3.5 / Qwen3-Next model `stock` (norms zero-centred
     again); refuses an added layer whose output projections are not all zero."""
-
     gguf = _gguf()
     reader = gguf.GGUFReader(path)
     data = {}
@@ -421,7 +405,6 @@ def read_back(path: Path, stock) -> dict[str, torch.Tensor]:
 def stock_config(fields: dict, tensors: set[str]):
     """The stock Qwen3.5 text / Qwen3-Next config (every layer full attention) that a GGUF's metadata `fields`
     describe, for its tensor names `tensors` (the added layer left out)."""
-
     arch = fields["general.architecture"]
 
     def key(name):
@@ -450,7 +433,6 @@ def gguf_logits(path: Path, input_ids: torch.Tensor) -> torch.Tensor:
     Qwen3-Next compute: its metadata as the stock Transformers config (`stock_config`), its tensors read back into
     `Qwen3_5ForCausalLM` / `Qwen3NextForCausalLM` (`read_back`, which refuses an added layer that is not zero). The
     `--verify` of `--to gguf`; what llama.cpp itself computes from the file is checked by `make test-llama`."""
-
     gguf = _gguf()
     reader = gguf.GGUFReader(path)
     stock = stock_config({name: field.contents() for name, field in reader.fields.items()},

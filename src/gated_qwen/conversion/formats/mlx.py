@@ -36,8 +36,6 @@ Transformers `Qwen3_5ForCausalLM` / `Qwen3NextForCausalLM` (`mlx_logits`); what 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from transformers import AutoModelForCausalLM, Qwen3_5TextConfig, Qwen3NextConfig
 
@@ -52,12 +50,8 @@ from ..export_steps import (
     zeros,
 )
 from ..format import FolderWriting, Format, OwnModel
+from ..io import Checkpoint, TensorPlan
 from ..plans import TensorMap, copy_rest
-
-if TYPE_CHECKING:
-    import torch
-
-    from ..io import Checkpoint, TensorPlan
 
 DENSE, MOE = "qwen3_5", "qwen3_next"  # mlx-lm's model modules
 MODEL_FILE = "gated_qwen_mlx.py"  # config.json's `model_file`: the module mlx-lm builds the model from
@@ -186,7 +180,6 @@ def _stacked_experts(plan: dict[str, TensorPlan], layer: int, num_experts: int) 
 
 def _zero_shared_expert(config, layer: int, dtype: torch.dtype) -> dict[str, TensorPlan]:
     """A shared expert of width 1 whose down projection is zero (it adds exactly 0), with a zero gate."""
-
     prefix, hidden = f"model.layers.{layer}.mlp.", config.hidden_size
     return {prefix + "shared_expert.gate_proj.weight": zeros((1, hidden), dtype),
             prefix + "shared_expert.up_proj.weight": zeros((1, hidden), dtype),
@@ -198,7 +191,6 @@ def plan_gated_to_mlx(ckpt: Checkpoint) -> tuple[dict, dict[str, TensorPlan]]:
     """`(config.json, {name: TensorPlan})` of the mlx-lm folder of the gated_qwen / gated_qwen_moe checkpoint:
     Qwen3.5's attention (the G1 gate rows interleaved into `q_proj` per head, zero k/v/o biases where only the gate
     has one) with GatedQwen's own norm weights, the experts stacked, under mlx-lm's names."""
-
     config = load_gated_config(ckpt, moe=True)
     moe = isinstance(config, GatedQwenMoeConfig)
     check_mlx_can_run(config)
@@ -224,7 +216,6 @@ def plan_gated_to_mlx(ckpt: Checkpoint) -> tuple[dict, dict[str, TensorPlan]]:
 def stock_model(config: dict):
     """The stock Transformers model (float32, eager attention, random weights) that computes what mlx-lm computes
     for this config.json: `Qwen3_5ForCausalLM` or `Qwen3NextForCausalLM`, every layer full attention."""
-
     common = {k: config[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                                      "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
                                      "max_position_embeddings", "tie_word_embeddings", "attention_bias",
@@ -241,7 +232,6 @@ def stock_model(config: dict):
 def stock_state(ckpt: Checkpoint) -> dict[str, torch.Tensor]:
     """The mlx-lm folder's tensors as the state dict of `stock_model`: the prefix dropped, the norms zero-centred
     (Qwen3.5's `x̂·(1 + w)`), the experts as Transformers' `gate_up_proj` / `down_proj`."""
-
     prefix = PREFIX[ckpt.config["model_type"]]
     data = {name.removeprefix(prefix): ckpt.get(name).float() for name in ckpt.tensors}
     state = {}
@@ -263,8 +253,6 @@ def mlx_logits(ckpt: Checkpoint, input_ids: torch.Tensor) -> torch.Tensor:
     """`input_ids: [B, S]` -> float32 logits `[B, S, vocab]` of an mlx-lm folder, read as what mlx-lm's Qwen3.5 /
     Qwen3-Next compute (`stock_model` with `stock_state`): the `--verify` of `--to mlx`. What mlx-lm itself computes
     from the folder is checked by `make test-mlx`."""
-
-
     model = stock_model(ckpt.config)
     missing, unexpected = model.load_state_dict(stock_state(ckpt), strict=False)
     if unexpected or set(missing) - ({"lm_head.weight"} if ckpt.config["tie_word_embeddings"] else set()):

@@ -24,7 +24,6 @@ import json
 import math
 from contextlib import closing
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -33,11 +32,8 @@ from ..dcp import DcpCheckpoint, dcp_files, write_dcp
 from ..errors import CheckpointFormatError, ConversionError
 from ..export_steps import check_g1_sigmoid, g1_gate_rows, load_gated_config
 from ..format import FileWriting, Format, OwnModel, Reading
-from ..io import TensorPlan, source_file
+from ..io import Checkpoint, TensorPlan, source_file
 from ..plans import TensorMap
-
-if TYPE_CHECKING:
-    from ..io import Checkpoint
 
 NAME = "olmo_core"
 MODEL_DIR, PREFIX = "model_and_optim", "model."

@@ -13,24 +13,18 @@ Qwen3-MoE applies a sliding window to every layer when `use_sliding_window` is s
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from transformers import Qwen3Config, Qwen3MoeConfig
 
+from ...model.configuration_gated import CONFIG_ERRORS, GatedQwenConfig
 from ...model.gating import ACTIVATIONS, POSITIONS, gated_layers
 from ..errors import CheckpointFormatError
 from ..format import Context, Format, Reading, TensorRule
 from ..shared import QWEN3_FIELDS, SLIDING_FIELDS, STOCK_MOE_FIELDS, parse_gate
 from .release import RELEASE_KEYS
 
-if TYPE_CHECKING:
-    import torch
-
 
 def _activation(name: str, x: float) -> float:
-
-
     return ACTIVATIONS[name](torch.tensor(x, dtype=torch.float64)).item()
 
 
@@ -49,7 +43,6 @@ def added_gate_init(config) -> tuple[float, str, float]:
     - Additive (`Y + g`): silu and identity add 0; sigmoid and ns_sigmoid add g everywhere, subtracted from the bias
       of the producing projection (v_proj for G1: attention rows sum to 1), so they need `attention_bias=True`.
     Raises `CheckpointFormatError` where no initialisation computes the same function."""
-
     activation, combine = config.gate_activation, config.gate_combine
     free = config.gate_bias or not config.gate_input_dependent
     c = 1.0 if combine == "multiply" and free and _activation(activation, 0.0) == 0 else 0.0
@@ -77,7 +70,6 @@ def added_gate_init(config) -> tuple[float, str, float]:
 def added_gate_targets(config) -> dict[str, str]:
     """`{"self_attn.projection.kind": "scale" | "shift"}`: the tensors of a gated layer that `added_gate_init`
     changes."""
-
     _, action, _ = added_gate_init(config)
     position = config.gate_position
     producer = POSITIONS[position].producer
@@ -125,8 +117,6 @@ def qwen3_config_fields(cfg: dict, gate: dict | None) -> dict:
     fields = dict({k: getattr(stock, k) for k in QWEN3_FIELDS + SLIDING_FIELDS}, use_qk_norm=True,
                   **(parse_gate(gate) if gate else dict(gate_position=None)))
     if gate:
-        from ...model.configuration_gated import CONFIG_ERRORS, GatedQwenConfig
-
         try:
             config = GatedQwenConfig(**fields)
         except CONFIG_ERRORS as error:
@@ -141,7 +131,6 @@ def qwen3_config_fields(cfg: dict, gate: dict | None) -> dict:
 def qwen3_moe_config_fields(cfg: dict, gate: dict | None) -> dict:
     """As `qwen3_config_fields` for a stock Qwen3-MoE config.json, with its experts (a sliding window, when enabled,
     covers every layer there)."""
-
     stock = Qwen3MoeConfig(**{k: v for k, v in cfg.items() if k not in ("model_type", "architectures", "auto_map")})
     layers = stock.num_hidden_layers
     sliding = stock.sliding_window is not None
@@ -163,7 +152,6 @@ def add_gate(context: Context, tensor: torch.Tensor, name: str) -> dict[str, tor
     """The tensor `name` of a stock layer, as the layer with an added gate needs it: unchanged outside the gated
     layers (and without a gate), else changed as `added_gate_init` says; with `o_proj.weight` the new gate tensors,
     shaped as the model's."""
-
     config = context.config
     if config.gate_position is None or context.layer not in gated_layers(config):
         return {name: tensor}

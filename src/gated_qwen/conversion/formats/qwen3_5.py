@@ -35,8 +35,6 @@ layers, naming `--from qwen3_next`. Qwen3-Next has no router z-loss: `router_z_l
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from transformers import Qwen3_5TextConfig, Qwen3NextConfig
 
@@ -52,13 +50,9 @@ from ..export_steps import (
     qwen3_5_attention,
 )
 from ..format import Context, ExportOption, FolderWriting, Format, Reading, TensorRule
+from ..io import Checkpoint
 from ..plans import TensorMap, copy_rest
 from ..shared import QWEN3_FIELDS, STOCK_MOE_FIELDS, source_dtype
-
-if TYPE_CHECKING:
-    import torch
-
-    from ..io import Checkpoint
 
 
 def split_heads(packed: torch.Tensor, heads: int, part: int) -> torch.Tensor:
@@ -71,7 +65,6 @@ def from_zero_centred(weight: torch.Tensor) -> torch.Tensor:
     """A Qwen3.5 / Qwen3-Next RMSNorm weight `[dim]` (the norm computes `x̂·(1 + w)`) -> GatedQwen's (`x̂·w`):
     `w + 1`, computed in float32 (and kept there for 16-bit weights). `export_steps.to_zero_centred` is its
     inverse."""
-
     return (weight.float() + 1).to(norm_dtype(weight.dtype))
 
 
@@ -85,7 +78,6 @@ def moe_layers(layers: int, num_experts: int, mlp_only_layers: list[int] | None,
 def qwen3_5_config_fields(cfg: dict, gate: dict | None = None) -> dict:
     """GatedQwenConfig fields (G1 elementwise sigmoid gate) of a Qwen3.5 text or Qwen3-Next config.json whose
     layers are all full attention with RoPE on the whole head; Qwen3-Next's experts come along."""
-
     model_type = cfg.get("model_type")
     if model_type == "qwen3_5":
         raise CheckpointFormatError(

@@ -18,8 +18,6 @@ a group per kv head): release -> gated_qwen -> release gives byte-identical tens
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 from transformers.activations import ACT2FN
@@ -29,13 +27,9 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 from ..errors import CheckpointFormatError, ConversionError
 from ..export_steps import check_g1_sigmoid, exported_bias, gate_rows_into_q_proj, load_gated_config, zero_biases
 from ..format import Context, FolderWriting, Format, OwnModel, Reading, TensorRule
+from ..io import Checkpoint, TensorPlan
 from ..plans import TensorMap, copy_rest
 from ..shared import QWEN3_FIELDS, source_dtype
-
-if TYPE_CHECKING:
-    import torch
-
-    from ..io import Checkpoint, TensorPlan
 
 # The official configuration's defaults (`configuration_qwen3.py` of qiuzh20/gated_attention).
 RELEASE_DEFAULTS = dict(
@@ -163,7 +157,6 @@ def release_tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     """`{name: shape}` of the weights a release checkpoint with this config.json holds: stock Qwen3's (built on the
     meta device, biases on q, k, v and o with `qkv_bias`), `q_proj` with the gate rows of its variant, and no
     q/k norms with `use_qk_norm=false`."""
-
     fields = release_config_fields(config)
     shapes = {k: fields[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                                      "num_attention_heads", "num_key_value_heads", "head_dim", "tie_word_embeddings")}
@@ -181,7 +174,6 @@ def release_tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
 
 # ------------------------------------------------------------------------------------------------------ export
 def plan_gated_to_release(ckpt: Checkpoint) -> tuple[dict, dict[str, TensorPlan]]:
-
     config = load_gated_config(ckpt)
     target = "The release format"
     check_g1_sigmoid(config, target)
@@ -223,7 +215,6 @@ def release_logits(ckpt: Checkpoint, input_ids: torch.Tensor) -> torch.Tensor:
 
     `input_ids: [B, S]` -> `[B, S, vocab]`. Eager causal attention, no padding, default or scaled RoPE.
     """
-
     cfg = {**RELEASE_DEFAULTS, **ckpt.config}
     variant = release_variant(cfg)
     heads, kv_heads, head_dim = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
