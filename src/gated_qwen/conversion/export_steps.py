@@ -1,17 +1,20 @@
-"""The steps an export is made of. Each export (`formats/qwen3_5.py`, `release.py`, `gguf.py`, `mlx.py`) reads the
-gated_qwen checkpoint's config (`load_gated_config`), refuses what its target cannot hold (the `check_*` steps), and
-puts the tensors its target reads into a `plans.TensorMap` layer by layer with the steps below; what no step puts
-passes through (`plans.copy_rest`). Which target takes which step:
+"""The steps an export is made of. Each export (`formats/qwen3_5.py`, `release.py`, `gguf.py`, `mlx.py`,
+`megatron.py`, `olmo_core.py`) reads the gated_qwen checkpoint's config (`load_gated_config`), refuses what its
+target cannot hold (the `check_*` steps), and builds its plan on a `plans.TensorMap` (`take` a source tensor, as it is
+or transformed when written; `put` an output; `drop`; `finish`) layer by layer with the steps below; what no step
+puts passes through (`plans.copy_rest`). Which target takes which step:
 
 | step                    | qwen3_5, qwen3_next | gguf              | mlx               | release                |
 |-------------------------|---------------------|-------------------|-------------------|------------------------|
+| `qwen3_5_attention`     | zero-centred norms  | norms as stored   | norms as stored   |                        |
 | `gate_rows_into_q_proj` | a group per head    | a group per head  | a group per head  | a group per kv head    |
 | `zero_biases`           | k, v, o             | k, v              | k, v, o           | k, v, o                |
-| `norms`                 | zero-centred        | as stored         | as stored         | (pass through)         |
 | `stacked_experts`       | (pass through)      | `ffn_*_exps`      | `switch_mlp`      | (dense only)           |
 
-A tensor step takes the `TensorMap` (or, for `stacked_experts`, the finished plan) and puts `TensorPlan`s: nothing
-is read until the plan is written. `interleave_rows` and `to_zero_centred` are the tensor math they apply.
+`qwen3_5_attention` is `gate_rows_into_q_proj`, `zero_biases` and `norms` on every layer. Megatron-core and OLMo-core
+take `g1_gate_rows` (the gate as rows per head) and place them in their own layouts. A tensor step takes the
+`TensorMap` (or, for `stacked_experts`, the finished plan) and puts `TensorPlan`s: nothing is read until the plan is
+written. `interleave_rows` and `to_zero_centred` are the tensor math they apply.
 """
 
 from __future__ import annotations
@@ -123,44 +126,32 @@ def g1_gate_rows(tmap: TensorMap, config: GatedQwenConfig, layer: int, width: in
     prefix = f"model.layers.{layer}.self_attn."
     heads, head_dim, hidden = config.num_attention_heads, config.head_dim, config.hidden_size
     rows = heads * width
-    o_info = tmap.info(prefix + "o_proj.weight")
     gated = layer in gated_layers(config)
     if gated and config.gate_input_dependent:
         g_heads, g_width = gate_shape(config)
         if g_width > width:
             raise ConversionError("an elementwise gate cannot be written as one score per head")  # checked earlier
-        w_info = tmap.info(prefix + "gate.g_proj.weight")
-        tmap.used.add(prefix + "gate.g_proj.weight")
-        weight = TensorPlan((rows, hidden), w_info.dtype, lambda: tmap.ckpt.get(prefix + "gate.g_proj.weight").view(
-            g_heads, g_width, hidden).expand(heads, width, hidden).reshape(rows, hidden))
+        weight = tmap.take(prefix + "gate.g_proj.weight", lambda w: w.view(g_heads, g_width, hidden).expand(
+            heads, width, hidden).reshape(rows, hidden), shape=(rows, hidden))
         bias = None
         if with_bias and config.gate_bias:
-            b_info = tmap.info(prefix + "gate.g_proj.bias")
-            tmap.used.add(prefix + "gate.g_proj.bias")
-            bias = TensorPlan((rows,), b_info.dtype, lambda: tmap.ckpt.get(prefix + "gate.g_proj.bias").view(
-                g_heads, g_width).expand(heads, width).reshape(rows))
+            bias = tmap.take(prefix + "gate.g_proj.bias", lambda b: b.view(g_heads, g_width).expand(
+                heads, width).reshape(rows), shape=(rows,))
         elif with_bias:
-            bias = zeros((rows,), w_info.dtype)
+            bias = zeros((rows,), weight.dtype)
         return weight, bias, tmap.take(prefix + "o_proj.weight")
 
     # A constant gate: zero rows give sigmoid(0) = 0.5; o_proj's columns absorb 2 * (the constant gate value).
-    logits_name = prefix + "gate.logits" if gated else None  # input-independent: learned logits [g_heads, g_width]
-    if logits_name:
-        tmap.info(logits_name)
-        tmap.used.add(logits_name)
-    tmap.used.add(prefix + "o_proj.weight")
+    logits = tmap.take(prefix + "gate.logits") if gated else None  # input-independent: learned [g_heads, g_width]
 
-    def o_proj() -> torch.Tensor:
-        weight = tmap.ckpt.get(prefix + "o_proj.weight")
-        if logits_name is None:
+    def scaled(weight: torch.Tensor) -> torch.Tensor:
+        if logits is None:
             return weight * 2  # exact: a power of two
-        logits = tmap.ckpt.get(logits_name).double()
-        scale = (2 * torch.sigmoid(logits)).expand(heads, head_dim).reshape(1, heads * head_dim)
+        scale = (2 * torch.sigmoid(logits.make().double())).expand(heads, head_dim).reshape(1, heads * head_dim)
         return (weight.double() * scale).to(weight.dtype)
 
-    dtype = o_info.dtype
-    return zeros((rows, hidden), dtype), zeros((rows,), dtype) if with_bias else None, TensorPlan(
-        o_info.shape, dtype, o_proj)
+    o_proj = tmap.take(prefix + "o_proj.weight", scaled)
+    return zeros((rows, hidden), o_proj.dtype), zeros((rows,), o_proj.dtype) if with_bias else None, o_proj
 
 
 def gate_rows_into_q_proj(tmap: TensorMap, config: GatedQwenConfig, layer: int, width: int, groups: int,
@@ -218,24 +209,24 @@ def norms(tmap: TensorMap, layer: int | None, zero_centred: bool) -> None:
         if not zero_centred:
             tmap.put(name, tmap.take(name))
             continue
-        info = tmap.info(name)
-        tmap.used.add(name)
-        dtype = norm_dtype(info.dtype)
-        tmap.put(name, TensorPlan(info.shape, dtype, lambda name=name, dtype=dtype: to_zero_centred(
-            tmap.ckpt.get(name).float()).to(dtype)))
+        dtype = norm_dtype(tmap.info(name).dtype)
+        tmap.put(name, tmap.take(name, lambda weight, dtype=dtype: to_zero_centred(weight.float()).to(dtype),
+                                 dtype=dtype))
 
 
 # ------------------------------------------------------------------------------------------------------ the experts
-def qwen3_5_attention(tmap: TensorMap, config: GatedQwenConfig, zero_centred: bool) -> None:
-    """Every layer's attention as Qwen3.5's reads it (Qwen3.5, Qwen3-Next, mlx-lm): the G1 gate rows interleaved into
-    `q_proj` per head, zero k/v/o biases where only the gate has one (`exported_bias`), and the norms, every layer's
-    and the final one, zero-centred or kept (`norms`)."""
+def qwen3_5_attention(tmap: TensorMap, config: GatedQwenConfig, zero_centred: bool,
+                      biased: tuple[str, ...] = ("k_proj", "v_proj", "o_proj")) -> None:
+    """Every layer's attention as Qwen3.5's reads it (Qwen3.5, Qwen3-Next, mlx-lm, llama.cpp): the G1 gate rows
+    interleaved into `q_proj` per head, zero biases on the `biased` projections (llama.cpp's attention has no o_proj
+    bias) where only the gate has one (`exported_bias`), and the norms, every layer's and the final one, zero-centred
+    or kept (`norms`)."""
     bias = exported_bias(config)
     for layer in range(config.num_hidden_layers):
         gate_rows_into_q_proj(tmap, config, layer, width=config.head_dim, groups=config.num_attention_heads,
                               bias=bias)
         if bias and not config.attention_bias:
-            zero_biases(tmap, layer, ("k_proj", "v_proj", "o_proj"))
+            zero_biases(tmap, layer, biased)
         norms(tmap, layer, zero_centred=zero_centred)
     norms(tmap, None, zero_centred=zero_centred)
 

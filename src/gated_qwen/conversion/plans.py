@@ -9,6 +9,9 @@ tensor when its shard is written; tensors no rule names pass through. An export 
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
 
 from ..model.configuration_gated import GatedQwenConfig
@@ -17,7 +20,7 @@ from ..model.modeling_gated import GatedQwenForCausalLM
 from ..model.modeling_gated_moe import GatedQwenMoeForCausalLM
 from .errors import ConversionError
 from .format import Context, Format, Shard, layer_of, rule_for
-from .io import Checkpoint, TensorPlan
+from .io import Checkpoint, TensorInfo, TensorPlan
 
 
 def gated_config(fields: dict):
@@ -43,68 +46,75 @@ def plan_import(fmt: Format, ckpt: Checkpoint, config) -> dict[str, TensorPlan]:
             context = Context(config, layer_of(name), shard, lambda target, prefix=prefix: shapes[prefix + target])
             info = tmap.info(name)
             outputs = rule.convert(context, torch.empty(info.shape, dtype=info.dtype, device="meta"))
-            tmap.used.add(name)
             for target, output in outputs.items():
-                tmap.put(prefix + target, TensorPlan(
-                    tuple(output.shape), output.dtype,
-                    lambda name=name, rule=rule, context=context, target=target: rule.convert(
-                        context, ckpt.get(name))[target]))
+                tmap.put(prefix + target, tmap.take(
+                    name, lambda tensor, rule=rule, context=context, target=target: rule.convert(context, tensor)[target],
+                    shape=output.shape, dtype=output.dtype))
     copy_rest(tmap, config)
     return tmap.finish()
 
 
 class TensorMap:
-    """Builds an output plan from a source checkpoint and checks that every source tensor is used exactly once."""
+    """An export's plan, built from a source checkpoint by its steps: `take` a source tensor (as it is, or transformed
+    when the plan is written), `put` an output, `drop` a source tensor the target does without; `rest` names the
+    source tensors nothing has taken yet, and `finish` gives the plan, refusing one that left a source tensor unused.
+    Nothing is read until the plan is written."""
 
     def __init__(self, ckpt: Checkpoint):
-        self.ckpt = ckpt
-        self.used: set[str] = set()
-        self.plan: dict[str, TensorPlan] = {}
+        self._ckpt = ckpt
+        self._used: set[str] = set()
+        self._plan: dict[str, TensorPlan] = {}
 
-    def info(self, name: str):
-        if name not in self.ckpt.tensors:
+    def info(self, name: str) -> TensorInfo:
+        """The shape and dtype of the source tensor `name` (nothing taken); refuses a tensor the source lacks."""
+        if name not in self._ckpt.tensors:
             raise ConversionError(f"SRC has no tensor {name!r}, which this format needs.")
-        return self.ckpt.tensors[name]
-
-    def take(self, name: str) -> TensorPlan:
-        """The source tensor `name`, unchanged."""
-        info = self.info(name)
-        self.used.add(name)
-        return TensorPlan(info.shape, info.dtype, lambda: self.ckpt.get(name))
+        return self._ckpt.tensors[name]
 
     def has(self, name: str) -> bool:
-        return name in self.ckpt.tensors
+        return name in self._ckpt.tensors
 
-    def get(self, name: str) -> torch.Tensor:
-        self.info(name)
-        self.used.add(name)
-        return self.ckpt.get(name)
+    def take(self, name: str, transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+             shape: tuple[int, ...] | None = None, dtype: torch.dtype | None = None) -> TensorPlan:
+        """The source tensor `name`, as it is or `transform(tensor)` (of `shape` and `dtype`, the source's where not
+        given), computed when the plan is written. A tensor may be taken more than once."""
+        info = self.info(name)
+        self._used.add(name)
+        read = functools.partial(self._ckpt.get, name)
+        return TensorPlan(info.shape if shape is None else tuple(shape), info.dtype if dtype is None else dtype,
+                          read if transform is None else lambda: transform(read()))
 
     def drop(self, name: str) -> None:
-        self.used.add(name)
+        self._used.add(name)
 
     def put(self, name: str, plan: TensorPlan) -> None:
-        self.plan[name] = plan
+        self._plan[name] = plan
+
+    def planned(self, name: str) -> bool:
+        """Whether an output `name` has been put."""
+        return name in self._plan
+
+    def rest(self) -> list[str]:
+        """The source tensors nothing has taken or dropped yet, in the source's order."""
+        return [name for name in self._ckpt.tensors if name not in self._used]
 
     def finish(self) -> dict[str, TensorPlan]:
-        unused = sorted(set(self.ckpt.tensors) - self.used)
+        unused = self.rest()
         if unused:
             more = f" and {len(unused) - 8} more" if len(unused) > 8 else ""
             raise ConversionError(f"SRC has tensors this format does not define: {unused[:8]}{more}.")
-        return self.plan
+        return self._plan
 
 
 def copy_rest(tmap: TensorMap, config, rename=lambda name: name) -> None:
     """Passes every not yet used tensor through (renamed); a tied `lm_head.weight` is dropped (the model ties it)."""
-    for name in tmap.ckpt.tensors:
-        if name in tmap.used:
-            continue
+    for name in tmap.rest():
         if name == "lm_head.weight" and config.tie_word_embeddings:
             tmap.drop(name)  # tied models read the embedding matrix, whatever a saved lm_head holds
             continue
         if name.startswith("model.") or name == "lm_head.weight":
             tmap.put(rename(name), tmap.take(name))
-    if not config.tie_word_embeddings and "lm_head.weight" not in tmap.plan:
+    if not config.tie_word_embeddings and not tmap.planned("lm_head.weight"):
         raise ConversionError(
             "SRC has no lm_head.weight and tie_word_embeddings is false: the output layer is missing."
         )

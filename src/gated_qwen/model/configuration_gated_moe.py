@@ -23,6 +23,15 @@ MOE_AUTO_MAP = {
 }
 
 
+def sparse_layer_indices(num_hidden_layers: int, decoder_sparse_step: int, mlp_only_layers: list[int] | None,
+                         num_experts: int = 1) -> list[int]:
+    """Qwen3-MoE's rule: layer `i` is a mixture of experts when `(i + 1) % decoder_sparse_step == 0` and `i` is not in
+    `mlp_only_layers`; no layer is without experts (`num_experts=0`)."""
+    dense = set(mlp_only_layers or [])
+    return [i for i in range(num_hidden_layers)
+            if num_experts and i not in dense and (i + 1) % decoder_sparse_step == 0]
+
+
 def _num_experts(value) -> None:
     if not is_int(value) or value <= 0:
         raise ValueError(
@@ -114,9 +123,8 @@ class GatedQwenMoeConfig(GatedQwenConfig):
 
     @property
     def sparse_layers(self) -> list[int]:
-        """Indices of the mixture-of-experts layers (Qwen3-MoE's rule)."""
-        dense = set(self.mlp_only_layers or [])
-        return [i for i in range(self.num_hidden_layers) if i not in dense and (i + 1) % self.decoder_sparse_step == 0]
+        """Indices of the mixture-of-experts layers (`sparse_layer_indices`)."""
+        return sparse_layer_indices(self.num_hidden_layers, self.decoder_sparse_step, self.mlp_only_layers)
 
     @derived_plan
     def base_model_tp_plan(self) -> dict[str, str]:

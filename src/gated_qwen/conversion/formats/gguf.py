@@ -42,12 +42,9 @@ from ..errors import ConversionError, VerificationError, import_extra
 from ..export_steps import (
     check_qwen3_5_attention,
     check_shared_expert,
-    exported_bias,
-    gate_rows_into_q_proj,
     load_gated_config,
-    norms,
+    qwen3_5_attention,
     stacked_experts,
-    zero_biases,
 )
 from ..format import FileWriting, Format
 from ..io import Checkpoint, TensorPlan, carry_files
@@ -109,8 +106,7 @@ def check_llama_cpp_can_run(config) -> None:
         raise ConversionError(f"rope_parameters has rope_type={rope_type!r}; --to gguf writes the default RoPE only "
                               "(rope_theta), so this model is refused; nothing was written.")
     if isinstance(config, GatedQwenMoeConfig):
-        dense = [i for i in range(config.num_hidden_layers)
-                 if i in (config.mlp_only_layers or []) or (i + 1) % config.decoder_sparse_step]
+        dense = [i for i in range(config.num_hidden_layers) if i not in config.sparse_layers]
         if dense:
             raise ConversionError(f"layers {dense} of this model are dense (mlp_only_layers / decoder_sparse_step); "
                                   "llama.cpp's Qwen3-Next has experts in every layer; nothing was written.")
@@ -163,15 +159,8 @@ def plan_gguf(ckpt: Checkpoint):
     if moe:
         check_shared_expert(config)
     check_qwen3_5_attention(config)
-    bias = exported_bias(config)  # a gate bias: attention_bias is refused above
     tmap = TensorMap(ckpt)
-    for layer in range(config.num_hidden_layers):
-        gate_rows_into_q_proj(tmap, config, layer, width=config.head_dim, groups=config.num_attention_heads,
-                              bias=bias)
-        if bias:
-            zero_biases(tmap, layer, ("k_proj", "v_proj"))
-        norms(tmap, layer, zero_centred=False)
-    norms(tmap, None, zero_centred=False)
+    qwen3_5_attention(tmap, config, zero_centred=False, biased=("k_proj", "v_proj"))  # attention_bias: refused above
     copy_rest(tmap, config)
     plan = tmap.finish()
     embedding = ckpt.tensors["model.embed_tokens.weight"].dtype

@@ -112,8 +112,7 @@ def mlx_config(config, moe: bool) -> dict:
     fields.update(model_type=MOE if moe else DENSE, model_file=MODEL_FILE, attention_bias=exported_bias(config),
                   full_attention_interval=1, layer_types=["full_attention"] * layers, rope_parameters=rope)
     if moe:
-        sparse = [i for i in range(layers) if i not in (config.mlp_only_layers or [])
-                  and (i + 1) % config.decoder_sparse_step == 0]
+        sparse = config.sparse_layers
         fields.update(rope_theta=rope["rope_theta"], partial_rotary_factor=1.0, num_experts=config.num_experts,
                       rope_scaling=rope if rope["rope_type"] != "default" else None,
                       num_experts_per_tok=config.num_experts_per_tok,

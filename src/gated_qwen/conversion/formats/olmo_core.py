@@ -286,9 +286,7 @@ def write(ckpt: Checkpoint, path: Path) -> tuple[int, str]:
             gate, _, o_proj = g1_gate_rows(tmap, config, i, width=width, with_bias=False)
             entries[f"{PREFIX}blocks.{i}.attention.w_g.weight"] = gate
             entries[f"{PREFIX}blocks.{i}.attention.w_out.weight"] = o_proj
-    for name in ckpt.tensors:
-        if name in tmap.used:
-            continue
+    for name in tmap.rest():
         if name == "lm_head.weight" and config.tie_word_embeddings:
             tmap.drop(name)
         elif name in inverse:

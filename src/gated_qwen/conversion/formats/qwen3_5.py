@@ -39,7 +39,7 @@ import torch
 from transformers import Qwen3_5TextConfig, Qwen3NextConfig
 
 from ...files import say
-from ...model.configuration_gated_moe import GatedQwenMoeConfig
+from ...model.configuration_gated_moe import GatedQwenMoeConfig, sparse_layer_indices
 from ..errors import CheckpointFormatError, ConversionError
 from ..export_steps import (
     check_qwen3_5_attention,
@@ -66,12 +66,6 @@ def from_zero_centred(weight: torch.Tensor) -> torch.Tensor:
     `w + 1`, computed in float32 (and kept there for 16-bit weights). `export_steps.to_zero_centred` is its
     inverse."""
     return (weight.float() + 1).to(norm_dtype(weight.dtype))
-
-
-def moe_layers(layers: int, num_experts: int, mlp_only_layers: list[int] | None, sparse_step: int) -> list[int]:
-    """The mixture-of-experts layers of a Qwen3-MoE / Qwen3-Next config (none with `num_experts=0`)."""
-    dense = set(mlp_only_layers or [])
-    return [i for i in range(layers) if num_experts and i not in dense and (i + 1) % sparse_step == 0]
 
 
 # ------------------------------------------------------------------------------------------------------ import
@@ -102,8 +96,8 @@ def qwen3_5_config_fields(cfg: dict, gate: dict | None = None) -> dict:
             if k not in ("partial_rotary_factor", "mrope_section", "mrope_interleaved")}  # text: one position a token
     fields = dict({k: getattr(stock, k) for k in QWEN3_FIELDS}, rope_parameters=rope, use_qk_norm=True,
                   gate_position="sdpa", gate_granularity="elementwise", gate_bias=stock.attention_bias)
-    if model_type == "qwen3_next" and moe_layers(stock.num_hidden_layers, stock.num_experts, stock.mlp_only_layers,
-                                                 stock.decoder_sparse_step):
+    if model_type == "qwen3_next" and sparse_layer_indices(stock.num_hidden_layers, stock.decoder_sparse_step,
+                                                           stock.mlp_only_layers, stock.num_experts):
         fields.update({k: getattr(stock, k) for k in STOCK_MOE_FIELDS},
                       shared_expert_intermediate_size=stock.shared_expert_intermediate_size,
                       mlp_only_layers=stock.mlp_only_layers or None)
@@ -127,8 +121,8 @@ def dense_config_fields(cfg: dict, gate: dict | None = None) -> dict:
     """`qwen3_5_config_fields` of a dense model: `--from qwen3_5` refuses mixture-of-experts layers, naming
     `--from qwen3_next`."""
     fields = qwen3_5_config_fields(cfg)
-    sparse = moe_layers(fields["num_hidden_layers"], fields.get("num_experts", 0), fields.get("mlp_only_layers"),
-                        fields.get("decoder_sparse_step", 1))
+    sparse = sparse_layer_indices(fields["num_hidden_layers"], fields.get("decoder_sparse_step", 1),
+                                  fields.get("mlp_only_layers"), fields.get("num_experts", 0))
     if sparse:
         raise CheckpointFormatError(
             f"layers {sparse} of SRC are mixture-of-experts (num_experts={fields['num_experts']}); `--from qwen3_5` "
