@@ -50,8 +50,6 @@ import tempfile
 import time
 from pathlib import Path
 
-TESTS = Path(__file__).resolve().parents[1] / "tests"  # where the ahead-of-time compiler lives (kernel_aot.py)
-
 # Goals the figures are reported against (benchmarks/RESULTS.md; H100/H200, bf16, causal, D=128).
 GOALS = {"forward_tflops": 450.0, "backward_tflops": 300.0, "fwd_bwd_vs_sdpa_gate": 1.1, "goal_min_seqlen": 2048}
 # Bounds on max |kernel − reference| / max |reference| per tensor against the fp64 reference.
@@ -207,8 +205,7 @@ def max_lengths(q, k, kwargs):
 
 
 def record(problem: Problem, device) -> list:
-    """The kernel launches (tests/kernel_aot.py's recorder) that forward and backward make for `problem`."""
-    sys.path.insert(0, str(TESTS))
+    """The kernel launches (benchmarks/kernel_aot.py's recorder) that forward and backward make for `problem`."""
     import kernel_aot
 
     from gated_qwen.kernel.decoding import decode_forward
@@ -234,7 +231,6 @@ def _warm_up(job) -> str | None:
     real shapes, so the cache entry is exactly the one the real launch looks up. None, or the error (a failure to
     compile is reported by the correctness step, which launches the same kernel)."""
     problem, index, entry, arch = job
-    sys.path.insert(0, str(TESTS))
     import kernel_aot
 
     from gated_qwen.kernel.tuning import config_entry
@@ -258,10 +254,8 @@ def compile_ahead(problems: list[Problem], jobs: int, seconds: float) -> dict:
     import multiprocessing
     from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
 
-    import torch
-
-    sys.path.insert(0, str(TESTS))
     import kernel_aot
+    import torch
 
     from gated_qwen.kernel.tuning import config_entry
 

@@ -24,9 +24,9 @@ import sys
 from pathlib import Path
 
 import torch
-from helpers import TINY, TINY_MOE, sizes
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, GatedQwenMoeConfig, GatedQwenMoeForCausalLM
+from tests.helpers import TINY, TINY_MOE, sizes
 
 ROOT = Path(__file__).parents[1]
 CONFIGS = ROOT / "examples" / "accelerate"

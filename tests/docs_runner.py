@@ -8,9 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from test_docs import PAGE_TIMEOUT_S, PAGES, parse, relative
-
-TEST_DOCS = Path(__file__).resolve().parent / "test_docs.py"
+from tests.test_docs import PAGE_TIMEOUT_S, PAGES, ROOT, parse, relative
 
 
 def pages_naming(target: str) -> list[Path]:
@@ -23,7 +21,8 @@ def run_page_with(page: Path, target: str, folder: Path) -> None:
     output unless every block ran and each of those was among them."""
     folder.mkdir(parents=True)
     wanted = [block.line for block in parse(page) if block.skip and target in block.skip]
-    result = subprocess.run([sys.executable, str(TEST_DOCS), str(page), str(folder)], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "tests.test_docs", str(page), str(folder)], cwd=ROOT,
+                            capture_output=True, text=True,
                             env=dict(os.environ, DOC_TEST_UNSKIP=target, OMP_NUM_THREADS="1"),
                             timeout=PAGE_TIMEOUT_S)
     output = result.stdout + result.stderr

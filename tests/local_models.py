@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import SMALL, sizes
 from transformers import AutoModelForCausalLM
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, GatedQwenMoeConfig, GatedQwenMoeForCausalLM
 from gated_qwen.conversion import convert
+from tests.helpers import SMALL, sizes
 
 # Two layers, GQA, an untied output layer; head_dim 32 (Qwen3.5's RoPE sections fit), weights large enough
 # (initializer_range 0.1) that greedy decoding does not repeat one token; 320 tokens: the tiny tokenizers' size.
@@ -137,7 +137,7 @@ def parity_test(engine: str, to: str, cases: dict[str, dict], run: Callable[[Pat
         for name, fields in cases.items():
             folder = build(root / name, fields)
             if tokenizer:
-                from helpers import tiny_tokenizer
+                from tests.helpers import tiny_tokenizer
 
                 tiny_tokenizer(folder, vocab_size=SIZES["vocab_size"])
             converted = root / (f"{name}.gguf" if to == "gguf" else f"{name}-{to}")  # a file, or a folder

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import SMALL, TINY, TINY_MOE, randomize_, sizes
 from safetensors.torch import load_file
 from transformers.conversion_mapping import get_checkpoint_conversion_mapping, get_model_conversion_mapping
 from transformers.core_model_loading import PrefixChange, WeightRenaming
@@ -21,6 +20,7 @@ from transformers.core_model_loading import PrefixChange, WeightRenaming
 import gated_qwen
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, GatedQwenMoeConfig, GatedQwenMoeForCausalLM
 from gated_qwen.model import configuration_gated, configuration_gated_moe, gating, modeling_gated, modeling_gated_moe
+from tests.helpers import SMALL, TINY, TINY_MOE, randomize_, sizes
 
 PACKAGE = Path(gated_qwen.__file__).parent
 VARIANTS = {  # one of each kind of gate tensor, and a model without any

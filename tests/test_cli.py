@@ -9,10 +9,10 @@ import subprocess
 import sys
 
 import pytest
-from helpers import assert_refused, refusal_line
 
 import gated_qwen.cli
 from gated_qwen.cli import build_parser, main
+from tests.helpers import assert_refused, refusal_line
 
 # What only a subcommand that runs needs (plots, statistics, the GGUF and ONNX writers); the package's own import
 # (torch, Transformers, the model) is the command's too.
@@ -109,9 +109,9 @@ def _parser_running(func):
 def model64(tmp_path):
     """A tiny GatedQwen folder whose vocabulary is the built-in corpus's (64 ids)."""
     import torch
-    from helpers import TINY
 
     from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
+    from tests.helpers import TINY
 
     torch.manual_seed(0)
     GatedQwenForCausalLM(GatedQwenConfig(**{**TINY, "vocab_size": 64})).save_pretrained(tmp_path / "model")
@@ -190,10 +190,9 @@ def test_lengths_that_do_not_fit_in_memory_are_refused_before_allocating(model64
 def test_attention_memory_is_counted_where_it_is_quadratic():
     """With causal masks the fused SDPA kernels need memory linear in the length; a sliding window makes
     Transformers build the whole [length, length] mask."""
-    from helpers import TINY
-
     from gated_qwen import GatedQwenConfig
     from gated_qwen.analysis.footprint import forward_bytes
+    from tests.helpers import TINY
 
     full = GatedQwenConfig(**TINY)
     sliding = GatedQwenConfig(**TINY, use_sliding_window=True, sliding_window=64, max_window_layers=0)

@@ -20,7 +20,8 @@ from unittest import mock
 
 import pytest
 import torch
-from helpers import PROGRESS_BAR, TINY
+
+from tests.helpers import PROGRESS_BAR, TINY
 
 pytest.importorskip("hypothesis", reason="needs the dev extra: pip install 'gated-qwen[dev]'")
 

@@ -14,7 +14,7 @@ The convention, per page (CONTRIBUTING.md, "Documentation"):
   test with its reason (`pytest -ra`). Kept for what cannot run here: a GPU, the network, hours, installing.
 
 A failure names the page and the block's line; a traceback's lines are the page's own. One page by hand (in a new
-temporary folder, or in FOLDER): `.venv/bin/python tests/test_docs.py docs/conversion.md [FOLDER]`. With
+temporary folder, or in FOLDER): `.venv/bin/python -m tests.test_docs docs/conversion.md [FOLDER]`. With
 `DOC_TEST_UNSKIP=TEXT` in the environment, the skipped blocks whose reason contains TEXT run too: a make target with
 its own environment (`make test-mlx`, `make test-onnx`) runs the page so, with that environment's interpreter, for
 the examples its reason names it as running.
@@ -173,8 +173,8 @@ if __name__ != "__main__":
             return
         env = dict(os.environ, OMP_NUM_THREADS="1")  # the caches of tests/conftest.py, one thread as the suite
         try:
-            result = subprocess.run([sys.executable, __file__, str(page), str(tmp_path)], env=env, check=False,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            result = subprocess.run([sys.executable, "-m", "tests.test_docs", str(page), str(tmp_path)], env=env,
+                                    cwd=ROOT, check=False, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                     timeout=PAGE_TIMEOUT_S)
         except subprocess.TimeoutExpired as timeout:
             output = timeout.stdout.decode(errors="replace") if isinstance(timeout.stdout, bytes) else timeout.stdout
@@ -221,7 +221,7 @@ if __name__ != "__main__":
 
 def main(argv: list[str]) -> None:
     if len(argv) not in (1, 2):
-        sys.exit("usage: python tests/test_docs.py PAGE.md [FOLDER]   (runs the page's examples in FOLDER, by "
+        sys.exit("usage: python -m tests.test_docs PAGE.md [FOLDER]   (runs the page's examples in FOLDER, by "
                  "default a new temporary folder)")
     page = Path(argv[0]).resolve()
     os.environ.update(HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1",

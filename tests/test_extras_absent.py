@@ -1,7 +1,6 @@
 """A command whose optional package is not installed is refused in one line that says so and names the extra, with
 exit status 2 and nothing written: an export whether the package is absent or only a folder of its name lies on
-`sys.path` (an implicit namespace package: what a test folder named `gguf` was, where the gguf extra was not
-installed), and `analyze` without matplotlib."""
+`sys.path` (an implicit namespace package), and `analyze` without matplotlib."""
 
 import importlib.machinery
 import importlib.util
@@ -9,10 +8,10 @@ import sys
 
 import pytest
 import torch
-from helpers import SMALL, TINY, assert_refused, randomize_, sizes
 from safetensors.torch import save_file
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
+from tests.helpers import SMALL, TINY, assert_refused, randomize_, sizes
 
 EXPORTS = {"gguf": ("gguf", "pip install 'gated-qwen[gguf]'"),
            "onnx": ("onnxruntime", "pip install 'gated-qwen[onnx]'")}

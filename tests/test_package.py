@@ -79,9 +79,9 @@ def test_the_command_converts_in_a_fresh_interpreter(tmp_path):
     """`gated-qwen convert` as a user runs it: the command's own import order (the conversion package first, the
     model later) must register and convert like an import of the package does."""
     import torch
-    from helpers import TINY
 
     from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
+    from tests.helpers import TINY
 
     torch.manual_seed(0)
     GatedQwenForCausalLM(GatedQwenConfig(**TINY)).save_pretrained(tmp_path / "gated")

@@ -11,7 +11,6 @@ import math
 
 import pytest
 import torch
-from helpers import TINY, assert_refused, randomize_, refusal_line, sizes
 from safetensors.torch import load_file, save_file
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
@@ -24,6 +23,7 @@ from gated_qwen.analysis.perplexity import recall_accuracy, with_yarn
 from gated_qwen.analysis.quantize import SCHEMES, fake_quantize_rows, fake_quantized, perplexity_under_quantization
 from gated_qwen.cli import main
 from gated_qwen.model.gating import gate_shape, gated_layers
+from tests.helpers import TINY, assert_refused, randomize_, refusal_line, sizes
 
 VOCAB = 61
 

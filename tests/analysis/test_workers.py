@@ -314,8 +314,7 @@ STOP_EARLY = """
 import sys
 from contextlib import closing
 
-sys.path.insert(0, {folder!r})
-from test_workers import big_result
+from tests.analysis.test_workers import big_result
 
 from gated_qwen.analysis.miniature.workers import run_in_workers
 
@@ -329,6 +328,6 @@ def test_stopping_while_a_worker_hands_back_a_result_ends(tmp_path):
     """Workers stopped while one of them is in the middle of handing back a large result (a trained model): the pool
     ends. (The pool's reader once waited for the rest of that result forever, and `shutdown` with it; a Ctrl-C'd
     command never ended.)"""
-    done = subprocess.run([sys.executable, "-c", STOP_EARLY.format(folder=str(Path(__file__).parent))],
+    done = subprocess.run([sys.executable, "-c", STOP_EARLY], cwd=Path(__file__).parents[2],
                           capture_output=True, text=True, timeout=300, check=False)  # the timeout: against a hang
     assert done.returncode == 0 and done.stdout == "stopped\n", done.stderr[-2000:]

@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conversion_helpers import TINY, logits, randomize_
 from transformers import (
     Qwen3Config,
     Qwen3ForCausalLM,
 )
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
+from tests.conversion.conversion_helpers import TINY, logits, randomize_
 
 
 @pytest.fixture(scope="module")

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import assert_nothing_written, sizes
-from helpers import randomize_ as randomize_weights_
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 from gated_qwen.conversion import ConversionError, convert
+from tests.helpers import assert_nothing_written, sizes
+from tests.helpers import randomize_ as randomize_weights_
 
 TINY = sizes(vocab_size=100, intermediate_size=48)  # the sizes write_release's checkpoints (and their tests) use
 VOCAB = TINY["vocab_size"]

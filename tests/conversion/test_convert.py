@@ -16,19 +16,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conversion_helpers import (
-    TINY,
-    VOCAB,
-    copy_source,
-    edit_json,
-    load,
-    logits,
-    randomize_,
-    refuse,
-    tensors,
-    write_release,
-)
-from helpers import assert_nothing_written, assert_refused, refusal_line, sizes
 from safetensors.torch import save_file
 from transformers import (
     Qwen3_5ForCausalLM,
@@ -42,6 +29,19 @@ from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
 from gated_qwen.cli import main
 from gated_qwen.conversion import ConversionError, convert, plans
 from gated_qwen.conversion.formats import qwen3 as qwen3_module
+from tests.conversion.conversion_helpers import (
+    TINY,
+    VOCAB,
+    copy_source,
+    edit_json,
+    load,
+    logits,
+    randomize_,
+    refuse,
+    tensors,
+    write_release,
+)
+from tests.helpers import assert_nothing_written, assert_refused, refusal_line, sizes
 
 
 # ---------------------------------------------------------------------------------- destination, pickle and CLI

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import TINY, randomize_, sizes
 from safetensors.torch import load_file
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
 from gated_qwen.conversion import export_steps as steps
 from gated_qwen.conversion.io import Checkpoint, TensorPlan
 from gated_qwen.conversion.plans import TensorMap, copy_rest
+from tests.helpers import TINY, randomize_, sizes
 
 H, K, D = TINY["num_attention_heads"], TINY["num_key_value_heads"], TINY["head_dim"]
 G = H // K  # query heads per kv head

@@ -5,13 +5,13 @@ format, which the command line then offers (`--NAME`, with its help) and `conver
 import dataclasses
 
 import pytest
-from helpers import assert_nothing_written, assert_refused
 
 from gated_qwen.cli import build_parser, main
 from gated_qwen.conversion import ConversionError, convert
 from gated_qwen.conversion.errors import CheckpointFormatError
 from gated_qwen.conversion.format import ExportOption
 from gated_qwen.conversion.formats import FORMATS, FROM_FORMATS, TO_FORMATS, format_of
+from tests.helpers import assert_nothing_written, assert_refused
 
 
 def convert_help() -> str:

@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conversion_helpers import release_forward, write_release
-from helpers import TINY, randomize_, sizes
 from safetensors.torch import load_file, save_file
 from transformers import (
     AutoModelForCausalLM,
@@ -33,6 +31,8 @@ from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, GatedQwenModel, Ga
 from gated_qwen.cli import main as cli
 from gated_qwen.conversion import CheckpointFormatError, convert
 from gated_qwen.conversion.loading import release_pages
+from tests.conversion.conversion_helpers import release_forward, write_release
+from tests.helpers import TINY, randomize_, sizes
 
 IDS = torch.randint(0, TINY["vocab_size"], (2, 11), generator=torch.Generator().manual_seed(3))
 

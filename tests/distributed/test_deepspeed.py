@@ -14,7 +14,8 @@ import sys
 
 import pytest
 import torch
-from accelerate_runs import (
+
+from tests.accelerate_runs import (
     MODELS,
     STEPS,
     assert_same_model,

@@ -14,7 +14,6 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-sys.path.insert(0, str(REPO / "tests"))  # helpers' tiny tokenizer
 
 # ggml prints a backtrace on an abort by attaching gdb to itself, which can wait forever without ptrace rights.
 os.environ["GGML_NO_BACKTRACE"] = "1"

@@ -18,11 +18,10 @@ import pytest
 
 pytest.importorskip("llama_cpp", reason="needs llama-cpp-python and gguf: make test-llama (.venv-llama)")
 
-from conftest import llama_cpp, llama_cpp_convert, run_gguf
-from helpers import tiny_tokenizer
-from local_models import MOE, NEW_TOKENS, PROMPTS, RTOL, SIZES, build, distance, parity_test
-
 from gated_qwen.conversion import convert
+from tests.engine_llama.conftest import llama_cpp, llama_cpp_convert, run_gguf
+from tests.helpers import tiny_tokenizer
+from tests.local_models import MOE, NEW_TOKENS, PROMPTS, RTOL, SIZES, build, distance, parity_test
 
 # name -> config fields besides SIZES (a G1 sigmoid gate unless they say otherwise)
 CASES = {

@@ -1,6 +1,6 @@
 """GatedQwen and Megatron-core 0.16.1, each way, against Megatron-core's own forward (docs/conversion.md).
 
-- The fixtures `make test` reads (tests/conversion/megatron_checkpoint) are what Megatron-core makes today: made
+- The fixtures `make test` reads (tests/conversion/formats/megatron) are what Megatron-core makes today: made
   again here (tensor parallel 1 and 2, torch_dist and the legacy torch format), the same tensors and logits; `--from megatron` of the fresh saves gives
   Megatron's logits within 1e-5 (float32).
 - `--to megatron` of GatedQwen models (elementwise, headwise written as repeated rows, a layer without a gate) is
@@ -17,15 +17,15 @@ import torch
 
 pytest.importorskip("megatron.core", reason="needs megatron-core: make test-megatron (.venv-megatron)")
 
-from conversion_helpers import TINY, randomize_  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM  # noqa: E402
 from gated_qwen.conversion import convert  # noqa: E402
 from gated_qwen.conversion.formats.megatron import open_megatron  # noqa: E402
+from tests.conversion.conversion_helpers import TINY, randomize_  # noqa: E402
 
 HERE = Path(__file__).parent
-FIXTURES = HERE.parent / "conversion" / "megatron_checkpoint"
+FIXTURES = HERE.parent / "conversion" / "formats" / "megatron"
 PARITY = 1e-5
 
 

@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("mlx_lm", reason="needs mlx-lm: make test-mlx (.venv-mlx)")
 
-from docs_runner import pages_naming, run_page_with  # noqa: E402
+from tests.docs_runner import pages_naming, run_page_with  # noqa: E402
 
 TARGET = "make test-mlx"
 

@@ -19,8 +19,10 @@ import pytest
 mlx_lm = pytest.importorskip("mlx_lm", reason="needs mlx-lm: make test-mlx (.venv-mlx)")
 
 import mlx.core as mx  # noqa: E402
-from helpers import text_file, tiny_tokenizer  # noqa: E402
-from local_models import (  # noqa: E402
+
+from gated_qwen.conversion import convert  # noqa: E402
+from tests.helpers import text_file, tiny_tokenizer  # noqa: E402
+from tests.local_models import (  # noqa: E402
     MOE,
     NEW_TOKENS,
     PROMPTS,
@@ -30,8 +32,6 @@ from local_models import (  # noqa: E402
     transformers_perplexity,
     windows,
 )
-
-from gated_qwen.conversion import convert  # noqa: E402
 
 # name -> config fields besides local_models.SIZES (a G1 sigmoid gate unless they say otherwise)
 CASES = {

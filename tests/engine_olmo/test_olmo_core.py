@@ -1,6 +1,6 @@
 """GatedQwen and OLMo-core 3.0.0, each way, against OLMo-core's own forward (docs/conversion.md).
 
-- The fixtures `make test` reads (tests/conversion/olmo_core_checkpoint) are what OLMo-core makes today, and `--from
+- The fixtures `make test` reads (tests/conversion/formats/olmo_core) are what OLMo-core makes today, and `--from
   olmo_core` of fresh ones gives OLMo-core's logits within 1e-5 (float32), headwise and elementwise.
 - `--to olmo_core` of GatedQwen models (elementwise, headwise natively, a head-shared gate) loads in OLMo-core
   (`TransformerConfig.from_dict` of the written config, `load_model_and_optim_state`) with GatedQwen's logits.
@@ -15,16 +15,16 @@ import torch
 
 pytest.importorskip("olmo_core", reason="needs ai2-olmo-core: make test-olmo (.venv-olmo)")
 
-from conversion_helpers import TINY, randomize_  # noqa: E402
 from olmo_core.nn.transformer import TransformerConfig  # noqa: E402
-from olmo_cpu import INPUT_IDS, fixtures, load_and_run  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM  # noqa: E402
 from gated_qwen.conversion import convert  # noqa: E402
 from gated_qwen.conversion.dcp import DcpCheckpoint  # noqa: E402
+from tests.conversion.conversion_helpers import TINY, randomize_  # noqa: E402
+from tests.engine_olmo.olmo_cpu import INPUT_IDS, fixtures, load_and_run  # noqa: E402
 
-FIXTURES = Path(__file__).parents[1] / "conversion" / "olmo_core_checkpoint"
+FIXTURES = Path(__file__).parents[1] / "conversion" / "formats" / "olmo_core"
 PARITY = 1e-5
 GRANULARITIES = ["elementwise", "headwise"]
 

@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("onnxruntime", reason="needs onnx and onnxruntime: make test-onnx (.venv-onnx)")
 
-from docs_runner import pages_naming, run_page_with  # noqa: E402
+from tests.docs_runner import pages_naming, run_page_with  # noqa: E402
 
 TARGET = "make test-onnx"
 

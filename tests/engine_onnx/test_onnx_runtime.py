@@ -29,9 +29,13 @@ import torch
 
 pytest.importorskip("onnxruntime", reason="needs onnx and onnxruntime: make test-onnx (.venv-onnx)")
 
-from conftest import ort_greedy  # noqa: E402
-from helpers import assert_refused, text_file, tiny_tokenizer  # noqa: E402
-from local_models import (  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+from gated_qwen.conversion import convert  # noqa: E402
+from gated_qwen.conversion.formats import onnx as onnx_format  # noqa: E402
+from tests.engine_onnx.conftest import ort_greedy  # noqa: E402
+from tests.helpers import assert_refused, text_file, tiny_tokenizer  # noqa: E402
+from tests.local_models import (  # noqa: E402
     MOE,
     NEW_TOKENS,
     PROMPTS,
@@ -44,10 +48,6 @@ from local_models import (  # noqa: E402
     transformers_perplexity,
     windows,
 )
-from transformers import AutoModelForCausalLM  # noqa: E402
-
-from gated_qwen.conversion import convert  # noqa: E402
-from gated_qwen.conversion.formats import onnx as onnx_format  # noqa: E402
 
 # name -> config fields besides local_models.SIZES (a G1 sigmoid elementwise gate unless they say otherwise)
 CASES = {

@@ -17,7 +17,6 @@ import torch
 
 pytest.importorskip("torchtitan.models.qwen3_5", reason="needs torchtitan: make test-torchtitan (.venv-torchtitan)")
 
-from conversion_helpers import TINY, randomize_  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 from torchtitan.distributed.utils import set_spmd_backend  # noqa: E402
 from torchtitan.models import qwen3_5 as titan  # noqa: E402
@@ -25,6 +24,7 @@ from torchtitan.models.qwen3_5.rope import MRoPE  # noqa: E402
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM  # noqa: E402
 from gated_qwen.conversion import convert  # noqa: E402
+from tests.conversion.conversion_helpers import TINY, randomize_  # noqa: E402
 
 PARITY = 1e-5
 INPUT_IDS = torch.tensor([[1, 5, 9, 20, 33, 7, 3, 3, 101, 64, 12, 90]])

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import TINY, assert_refused, cli_runs_in_namespace, private_namespace, refusal_line, tree
 from safetensors.torch import save_file
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
 from gated_qwen.cli import main
+from tests.helpers import TINY, assert_refused, cli_runs_in_namespace, private_namespace, refusal_line, tree
 
 
 @pytest.fixture

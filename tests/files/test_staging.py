@@ -13,11 +13,19 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import TINY, assert_refused, cli_runs_in_namespace, private_namespace, refusal_line, run_in_namespace, tree
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from gated_qwen.cli import main
 from gated_qwen.files import OWNER_FILE, OutputError, clean_stale, output_file, output_folder
+from tests.helpers import (
+    TINY,
+    assert_refused,
+    cli_runs_in_namespace,
+    private_namespace,
+    refusal_line,
+    run_in_namespace,
+    tree,
+)
 
 
 # ------------------------------------------------------------------------------------------ whole or not at all

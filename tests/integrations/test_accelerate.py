@@ -12,7 +12,8 @@ shows that without the lift the sharding check fails while a loss-only compariso
 
 import pytest
 import torch
-from accelerate_runs import (
+
+from tests.accelerate_runs import (
     ACCELERATE,
     MODELS,
     STEPS,

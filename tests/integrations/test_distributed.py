@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import SMALL, sizes
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
 from gated_qwen.conversion import convert
+from tests.helpers import SMALL, sizes
 
 pytestmark = pytest.mark.slow  # every check here starts several processes
 

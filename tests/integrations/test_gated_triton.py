@@ -15,12 +15,12 @@ import torch
 
 pytest.importorskip("triton", reason="needs the triton extra: pip install 'gated-qwen[triton]'")
 
-from helpers import SMALL, KernelLaunch, kernel_launches, sizes
 from transformers import DataCollatorWithFlattening
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, kernel
 from gated_qwen.integrations import gated_triton
 from gated_qwen.kernel import attention
+from tests.helpers import SMALL, KernelLaunch, kernel_launches, sizes
 
 if not kernel.triton_available():
     pytest.skip("no CUDA device and TRITON_INTERPRET was not set before import", allow_module_level=True)
@@ -215,7 +215,7 @@ hints = [r for r in records if "then import gated_qwen" in r.getMessage()]
 assert [r.levelno for r in hints] == [logging.WARNING], records  # what would give the fused kernel, said once
 
 import gated_qwen  # registers the fused kernel in Transformers' attention registry
-from helpers import kernel_launches
+from tests.helpers import kernel_launches
 model = type(not_imported).from_pretrained(sys.argv[1])  # the folder's own class (the Auto classes now give the package's)
 assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
 import gated_qwen.integrations.gated_triton as backend
@@ -236,7 +236,6 @@ def test_a_saved_folder_runs_the_packages_kernel_where_it_is_installed(tmp_path)
     CPU it runs sdpa; on a CUDA machine (simulated) it runs sdpa with one warning naming what would give the fused
     kernel until the package is imported, then takes the package's `gated_triton` kernel from Transformers'
     attention registry as its default attention (it launches, once per layer) and gives sdpa's logits."""
-    import os
     import subprocess
     import sys
     from pathlib import Path
@@ -246,9 +245,8 @@ def test_a_saved_folder_runs_the_packages_kernel_where_it_is_installed(tmp_path)
     x = ids()
     with torch.no_grad():
         torch.save({"ids": x, "logits": sdpa(x).logits}, tmp_path / "expected.pt")
-    tests = str(Path(__file__).parents[1])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")])))
     result = subprocess.run([sys.executable, "-c", SAVED_FOLDER_DISPATCH, str(tmp_path / "model"),
-                             str(tmp_path / "expected.pt")], capture_output=True, text=True, env=env, timeout=600)
+                             str(tmp_path / "expected.pt")], capture_output=True, text=True, timeout=600,
+                            cwd=Path(__file__).parents[2])  # the repository: `tests` importable
     assert result.returncode == 0, result.stderr[-3000:]
     assert "package kernel ok" in result.stdout

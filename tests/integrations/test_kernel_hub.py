@@ -30,12 +30,12 @@ pytest.importorskip("kernels", reason="needs the kernels extra: pip install 'gat
 pytest.importorskip("triton", reason="needs the triton extra: pip install 'gated-qwen[triton]'")
 
 import kernels
-from helpers import SMALL, randomize_
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
 from gated_qwen.integrations import kernel_hub
 from gated_qwen.kernel import naive_gated_attention, triton_available
 from gated_qwen.model.transformers_compat import hub_attention_kernel_loader
+from tests.helpers import SMALL, randomize_
 
 if not triton_available():
     pytest.skip("no CUDA device and TRITON_INTERPRET was not set before import", allow_module_level=True)

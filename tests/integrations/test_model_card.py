@@ -15,7 +15,6 @@ import httpx2
 import huggingface_hub
 import pytest
 import torch
-from helpers import TINY, assert_refused, bare_environment
 from huggingface_hub import ModelCard, constants
 from huggingface_hub.errors import OfflineModeIsEnabled
 from huggingface_hub.utils._http import default_client_factory
@@ -27,6 +26,7 @@ from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
 from gated_qwen.cli import main as cli
 from gated_qwen.integrations.model_card import describe_gate, model_card
 from gated_qwen.model.gating import gate_parameters_per_layer, gated_layers
+from tests.helpers import TINY, assert_refused, bare_environment
 
 RESULTS = [{"task_type": "text-generation", "dataset_type": "wikitext", "dataset_name": "WikiText-103",
             "dataset_split": "test", "metric_type": "perplexity", "metric_value": 12.5}]
@@ -130,9 +130,8 @@ def test_recommended_form_note_holds_exactly_for_the_papers_recommended_gate(cha
 
 
 def test_card_of_a_mixture_of_experts_states_its_experts(tmp_path):
-    from helpers import TINY_MOE
-
     from gated_qwen import GatedQwenMoeConfig, GatedQwenMoeForCausalLM
+    from tests.helpers import TINY_MOE
 
     torch.manual_seed(0)
     config = GatedQwenMoeConfig(**TINY, **TINY_MOE, mlp_only_layers=[0], shared_expert_intermediate_size=24)

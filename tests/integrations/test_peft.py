@@ -10,13 +10,13 @@ import pytest
 pytest.importorskip("peft", reason="needs the peft extra: pip install 'gated-qwen[peft]'")
 
 import torch
-from helpers import TINY
 from peft import LoraConfig, PeftModel, get_peft_model
 from peft.tuners.lora import LoraLayer
 from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
 from transformers import AutoModelForCausalLM
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
+from tests.helpers import TINY
 
 
 def tiny_model(seed: int = 0, **overrides) -> GatedQwenForCausalLM:
@@ -58,9 +58,8 @@ def test_default_lora_targets_are_qwen3s_plus_the_gate(gate, expected_extra):
 def test_default_lora_targets_of_the_mixture_of_experts_are_the_attention_and_the_gate():
     """PEFT has no Qwen3-MoE defaults: GatedQwen-MoE takes Qwen3's attention targets plus the gate, in every layer,
     sparse or not."""
-    from helpers import TINY_MOE
-
     from gated_qwen import GatedQwenMoeConfig, GatedQwenMoeForCausalLM
+    from tests.helpers import TINY_MOE
 
     torch.manual_seed(0)
     moe = GatedQwenMoeForCausalLM(GatedQwenMoeConfig(**TINY, **TINY_MOE, mlp_only_layers=[0]))

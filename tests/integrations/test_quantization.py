@@ -8,12 +8,12 @@ import copy
 
 import pytest
 import torch
-from conversion_helpers import write_release
-from helpers import TINY, randomize_
 from transformers import AutoModelForCausalLM, QuantoConfig, Qwen3Config, Qwen3ForCausalLM, TorchAoConfig
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
 from gated_qwen.conversion import CheckpointFormatError, convert
+from tests.conversion.conversion_helpers import write_release
+from tests.helpers import TINY, randomize_
 
 pytest.importorskip("optimum.quanto", reason="needs the quant extra: pip install 'gated-qwen[quant]'")
 pytest.importorskip("torchao", reason="needs the quant extra: pip install 'gated-qwen[quant]'")

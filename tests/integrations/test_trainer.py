@@ -8,11 +8,11 @@ attention backends find the sequence boundaries from `position_ids`.
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import TINY as BASE
-from helpers import KernelLaunch, kernel_launches, sizes
 from transformers import AutoModelForCausalLM, DataCollatorWithFlattening, Trainer, TrainingArguments
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
+from tests.helpers import TINY as BASE
+from tests.helpers import KernelLaunch, kernel_launches, sizes
 
 TINY = sizes(BASE, vocab_size=64)
 PAD = 0

@@ -1,5 +1,5 @@
 """The kernels compiled ahead of time for A100 (sm_80) and H100/H200 (sm_90) on this CPU-only machine, through
-`tests/kernel_aot.py` (Triton's NVIDIA backend and the ptxas in the wheel; launch arguments recorded from the
+`benchmarks/kernel_aot.py` (Triton's NVIDIA backend and the ptxas in the wheel; launch arguments recorded from the
 module's own launchers on meta tensors). For every configuration the autotuner may pick: it compiles, its shared
 memory fits the architecture, ptxas reports no register spill, sm_90 uses wgmma (MMA v3), nothing uses atomics.
 
@@ -17,7 +17,7 @@ pytest.importorskip("triton", reason="needs the triton extra: pip install 'gated
 
 from gated_qwen.kernel.tuning import allowed_entries
 
-SCRIPT = Path(__file__).resolve().parents[1] / "kernel_aot.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "kernel_aot.py"
 SHARED_LIMIT = {80: 166_912, 90: 232_448}
 TUNED = {"forward": "forward", "dkdv": "backward_dkdv", "dq": "backward_dq"}
 
@@ -63,7 +63,7 @@ def assert_every_tuner_config_compiled(rows: list[dict], case: str, archs: list[
 def test_representative_grid_compiles_for_sm80_and_sm90_in_every_tuner_config(tmp_path):
     """Head dims 64/128/256, fp16/bf16, causal/full, no/elementwise/headwise gate, dense/varlen/decode, forward and
     backward, spread over sm_90 and sm_80 (the production shape D=128 bf16 causal elementwise on both), each with
-    every configuration the tuner may pick there; tests/kernel_aot.py runs the full grid."""
+    every configuration the tuner may pick there; benchmarks/kernel_aot.py runs the full grid."""
     rows = compile_grid(tmp_path, "representative", [80, 90])
     assert_gpu_ready(rows, [80, 90])
     assert {r["kernel"] for r in rows} == {"forward", "preprocess", "dkdv", "dq", "decode_split", "decode_combine"}

@@ -16,11 +16,10 @@ import torch
 
 pytest.importorskip("triton", reason="needs the triton extra: pip install 'gated-qwen[triton]'")
 
-from helpers import SMALL, randomize_, sizes
-
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, kernel
 from gated_qwen.kernel import attention, choice, parallel
 from gated_qwen.kernel.selfcheck import Combination
+from tests.helpers import SMALL, randomize_, sizes
 
 if not kernel.triton_available():
     pytest.skip("no CUDA device and TRITON_INTERPRET was not set before import", allow_module_level=True)

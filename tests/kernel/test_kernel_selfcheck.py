@@ -10,11 +10,10 @@ import torch
 
 pytest.importorskip("triton", reason="needs the triton extra: pip install 'gated-qwen[triton]'")
 
-from helpers import SMALL, KernelLaunch, kernel_launches, sizes
-
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, kernel
 from gated_qwen.kernel import attention, inputs, parallel
 from gated_qwen.kernel.selfcheck import LAYOUTS, Combination, combination_of, self_check
+from tests.helpers import SMALL, KernelLaunch, kernel_launches, sizes
 
 if not kernel.triton_available():
     pytest.skip("no CUDA device and TRITON_INTERPRET was not set before import", allow_module_level=True)

@@ -4,11 +4,11 @@ check over the whole gate space is test_config_properties.py)."""
 
 import pytest
 import torch
-from helpers import TINY, sizes
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
 from gated_qwen.model.configuration_gated import CONFIG_ERRORS
 from gated_qwen.model.gating import gate_shape, gated_layers
+from tests.helpers import TINY, sizes
 
 
 def config(**fields) -> GatedQwenConfig:

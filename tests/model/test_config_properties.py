@@ -6,7 +6,8 @@ import re
 
 import pytest
 import torch
-from helpers import TINY, sizes
+
+from tests.helpers import TINY, sizes
 
 pytest.importorskip("hypothesis", reason="needs the dev extra: pip install 'gated-qwen[dev]'")
 

@@ -7,11 +7,11 @@ from threading import Thread
 
 import pytest
 import torch
-from helpers import TINY, sizes
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, TextIteratorStreamer, pipeline
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
+from tests.helpers import TINY, sizes
 
 TEXTS = [
     "the gate sits after attention and before the output projection",

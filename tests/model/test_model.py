@@ -7,7 +7,6 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import SMALL, bare_environment, gate_variants, randomize_, sizes
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -33,6 +32,7 @@ from gated_qwen import (
     GatedQwenMoeForCausalLM,
 )
 from gated_qwen.model.gating import gate_parameters_per_layer
+from tests.helpers import SMALL, bare_environment, gate_variants, randomize_, sizes
 
 VOCAB = SMALL["vocab_size"]
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import TINY, TINY_MOE, sizes
 
 import gated_qwen
 from gated_qwen import GatedQwenConfig, GatedQwenMoeConfig
+from tests.helpers import TINY, TINY_MOE, sizes
 
 HEADS = ("Model", "ForCausalLM", "ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering")
 # One of each kind of gate module: a gate projection, input-independent logits, the rmsnorm control, G5, no gate.

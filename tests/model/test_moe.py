@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import SMALL, TINY_MOE, bare_environment, gate_variants, randomize_, sizes
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -31,6 +30,7 @@ from gated_qwen.conversion import ConversionError
 from gated_qwen.model.configuration_gated import CONFIG_ERRORS
 from gated_qwen.model.gating import gate_parameters_per_layer, gated_layers
 from gated_qwen.model.modeling_gated_moe import GatedQwenMoeSparseMoeBlock, router_z_loss_func
+from tests.helpers import SMALL, TINY_MOE, bare_environment, gate_variants, randomize_, sizes
 
 VOCAB = 97  # the load-balancing test's starting router is tuned on this vocabulary
 

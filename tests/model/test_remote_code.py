@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import SMALL, TINY, TINY_MOE, bare_environment, randomize_, sizes
 from safetensors.torch import load_file, save_file
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, GatedQwenMoeConfig, GatedQwenMoeForCausalLM
+from tests.helpers import SMALL, TINY, TINY_MOE, bare_environment, randomize_, sizes
 
 pytestmark = pytest.mark.slow  # a fresh interpreter
 

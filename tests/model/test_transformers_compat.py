@@ -8,10 +8,10 @@ parallelism reads, generation without a cache, the stock Qwen3 model."""
 
 import pytest
 import torch
-from helpers import SMALL, randomize_
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
 from gated_qwen.model import transformers_compat as compat
+from tests.helpers import SMALL, randomize_
 
 
 def test_slice_logits_to_keep_keeps_the_last_positions_or_the_given_ones():

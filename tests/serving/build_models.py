@@ -9,7 +9,7 @@ stock `Qwen3_5ForCausalLM` / `Qwen3NextForCausalLM` for an export. It also recor
 same weights with the gate removed (for an export, its source's), which vLLM's answer must not match. The exports
 `gated-qwen convert` refuses (`cases.REFUSED`) are written anyway, to show what vLLM does with them.
 
-usage: python tests/serving/build_models.py OUT [CASE ...]   ->   OUT/CASE/ (the folder), OUT/manifest.json
+usage: python -m tests.serving.build_models OUT [CASE ...]   ->   OUT/CASE/ (the folder), OUT/manifest.json
 """
 
 import json
@@ -18,15 +18,11 @@ from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE)]  # tests/ (helpers) and this folder (cases)
-
-from cases import EXPORTS, MOE, NATIVE, NEW_TOKENS, PROMPTS, REFUSED, SERVING  # noqa: E402
-from helpers import TINY_MOE, randomize_  # noqa: E402
-from transformers_answers import greedy  # noqa: E402
-
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, GatedQwenMoeConfig, GatedQwenMoeForCausalLM  # noqa: E402
 from gated_qwen.conversion import convert  # noqa: E402
+from tests.helpers import TINY_MOE, randomize_  # noqa: E402
+from tests.serving.cases import EXPORTS, MOE, NATIVE, NEW_TOKENS, PROMPTS, REFUSED, SERVING  # noqa: E402
+from tests.serving.transformers_answers import greedy  # noqa: E402
 
 
 def build(name: str) -> torch.nn.Module:

@@ -31,7 +31,7 @@ def models(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("serving-models")
     python = os.environ.get("GATED_QWEN_PYTHON", str(REPO / ".venv" / "bin" / "python"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
-    subprocess.run([python, str(HERE / "build_models.py"), str(root)], check=True, env=env, timeout=900,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run([python, "-m", "tests.serving.build_models", str(root)], check=True, env=env, timeout=900,
+                   stdout=subprocess.DEVNULL, cwd=REPO)
     manifest = json.loads((root / "manifest.json").read_text())
     return {"root": root, **manifest}

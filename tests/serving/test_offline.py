@@ -11,8 +11,9 @@ ways: `layer_types` and `full_attention_interval`)."""
 import json
 
 import pytest
-from cases import EXPORTS, MOE, NATIVE, SERVING
-from vllm_helpers import (
+
+from tests.serving.cases import EXPORTS, MOE, NATIVE, SERVING
+from tests.serving.vllm_helpers import (
     CONTROL_MARGIN,
     LOGPROB_TOLERANCE,
     architecture,

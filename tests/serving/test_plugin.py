@@ -6,8 +6,9 @@ test_offline.py), and with 2-way tensor parallelism, which here also splits the 
 from importlib.metadata import entry_points
 
 import pytest
-from cases import NATIVE, SERVING
-from vllm_helpers import (
+
+from tests.serving.cases import NATIVE, SERVING
+from tests.serving.vllm_helpers import (
     CONTROL_MARGIN,
     LOGPROB_TOLERANCE,
     architecture,
@@ -61,9 +62,8 @@ def test_plugin_with_two_ranks(models, name, monkeypatch):
 def test_plugin_refuses_a_folder_where_only_some_layers_slide_with_its_own_message(tmp_path):
     """vLLM's Qwen2Model, the plugin model's base, asserts on a folder where some layers (not all) use a sliding
     window ("... Please open an issue"); the plugin refuses it first, naming the Transformers backend."""
-    from cases import SERVING
-
     from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
+    from tests.serving.cases import SERVING
 
     config = GatedQwenConfig(**SERVING, use_sliding_window=True, sliding_window=16, max_window_layers=1)
     assert config.layer_types == ["full_attention", "sliding_attention"]

@@ -1,10 +1,11 @@
-"""Why `gated-qwen convert` refuses two exports (tests/conversion/qwen3_5/test_qwen3_5.py checks the refusals), seen in vLLM: written
+"""Why `gated-qwen convert` refuses two exports (tests/conversion/formats/qwen3_5/test_qwen3_5.py checks the refusals), seen in vLLM: written
 anyway, vLLM's Qwen3.5 model serves an export with an o_proj bias (`--allow-o-proj-bias`) far from what stock
 Transformers computes on the same folder (it drops the bias without a word), and vLLM's Qwen3-Next refuses a dense
 model. (The gate bias, written with `qkv_bias`, is served exactly: test_offline.py, `qwen3_5_g1_bias`.)"""
 
 import pytest
-from vllm_helpers import CONTROL_MARGIN, architecture, greedy, max_logprob_difference, release, serve
+
+from tests.serving.vllm_helpers import CONTROL_MARGIN, architecture, greedy, max_logprob_difference, release, serve
 
 
 def test_vllm_computes_an_o_proj_bias_export_wrongly(models):

@@ -11,7 +11,8 @@ import time
 import urllib.request
 
 import pytest
-from vllm_helpers import LOGPROB_TOLERANCE, max_logprob_difference
+
+from tests.serving.vllm_helpers import LOGPROB_TOLERANCE, max_logprob_difference
 
 START_TIMEOUT = 300
 

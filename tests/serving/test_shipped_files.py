@@ -12,8 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from cases import MOE, NATIVE
-from vllm_helpers import LOGPROB_TOLERANCE, max_logprob_difference
+
+from tests.serving.cases import MOE, NATIVE
+from tests.serving.vllm_helpers import LOGPROB_TOLERANCE, max_logprob_difference
 
 HERE = Path(__file__).resolve().parent
 PYTHONS = {"serving": sys.executable, "lock": os.environ.get("GATED_QWEN_PYTHON", str(HERE.parents[1] / ".venv/bin/python"))}
@@ -25,8 +26,8 @@ if os.environ.get("GATED_QWEN_COMPAT_PYTHON"):
 def test_shipped_files_generate_the_reference(models, environment, tmp_path):
     cases = [*NATIVE, *MOE]
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")} | {"HF_MODULES_CACHE": str(tmp_path)}
-    out = subprocess.run([PYTHONS[environment], str(HERE / "transformers_answers.py"), str(models["root"]), *cases],
-                         check=True, capture_output=True, text=True, env=env, timeout=900)
+    out = subprocess.run([PYTHONS[environment], "-m", "tests.serving.transformers_answers", str(models["root"]), *cases],
+                         cwd=HERE.parents[1], check=True, capture_output=True, text=True, env=env, timeout=900)
     result = json.loads(out.stdout.strip().splitlines()[-1])
     for name in cases:
         shipped = result["cases"][name]

@@ -9,7 +9,8 @@ G5 projection (no rule) is replicated. A raw parameter is never split, so the in
 (the gate's own check), not served wrong."""
 
 import pytest
-from vllm_helpers import LOGPROB_TOLERANCE, architecture, greedy, max_logprob_difference, release, serve
+
+from tests.serving.vllm_helpers import LOGPROB_TOLERANCE, architecture, greedy, max_logprob_difference, release, serve
 
 CASES = {"g1_elementwise": "TransformersForCausalLM", "g1_head_shared": "TransformersForCausalLM",
          "g3_key_headwise": "TransformersForCausalLM", "qwen3_5_g1_elementwise": "Qwen3_5ForCausalLM"}

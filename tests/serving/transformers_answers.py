@@ -2,7 +2,7 @@
 native folders loaded the way a user without this package loads them (`trust_remote_code=True`: the model files the
 folder ships) under whatever Transformers the running Python has.
 
-usage: python tests/serving/transformers_answers.py ROOT CASE ...   ->   JSON on stdout:
+usage: python -m tests.serving.transformers_answers ROOT CASE ...   ->   JSON on stdout:
        {"transformers": version, "cases": {CASE: {"class_module": ..., "answers": [...]}}}
 """
 
@@ -12,9 +12,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from cases import NEW_TOKENS, PROMPTS  # noqa: E402
+from tests.serving.cases import NEW_TOKENS, PROMPTS  # noqa: E402
 
 
 @torch.no_grad()

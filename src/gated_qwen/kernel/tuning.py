@@ -2,7 +2,7 @@
 version, and the autotuner's hooks that apply them (`autotune_configs`, `prune_configs`).
 
 Adding a tile is one tuple here (CONTRIBUTING.md, "Adding a kernel tile"); tests/kernel/test_kernel_aot.py compiles every
-entry for sm_80 and sm_90. The tables import without Triton (tests/kernel_aot.py and benchmarks/gpu_check.py read
+entry for sm_80 and sm_90. The tables import without Triton (benchmarks/kernel_aot.py and benchmarks/gpu_check.py read
 them); `triton.Config`s are built only when the kernels are defined.
 """
 
@@ -16,7 +16,7 @@ from .launch import INTERPRET, TRITON_VERSION, triton
 #
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) that the autotuner may try, per kernel, architecture family and head-dim
 # class (BLOCK_D: 64 for D <= 64, 128, 256). Every entry compiles ahead of time (tests/kernel/test_kernel_aot.py,
-# tests/kernel_aot.py) within the architecture's shared memory, without register spills, and with wgmma (MMA v3)
+# benchmarks/kernel_aot.py) within the architecture's shared memory, without register spills, and with wgmma (MMA v3)
 # on sm_90 for 16-bit inputs; configurations that spill or overflow shared memory are left out here, so the tuner
 # never tries them.
 #   sm90:  H100 / H200 (227 KB shared memory per block), also used for sm_100 (Blackwell, 227 KB)
@@ -83,7 +83,7 @@ TUNING_SPACE: dict[str, dict[str, dict[int, list[tuple[int, int, int, int]]]]] =
 # Other Triton versions allocate registers differently: for Triton below each version, these lists replace the ones
 # above, (kernel, family, head-dim class) -> entries; the lowest version that lists a key wins, so an older Triton
 # inherits the replacements of the newer ones. Each leaves out what spills in the full grid compiled under that
-# Triton (tests/kernel_aot.py, benchmarks/RESULTS.md).
+# Triton (benchmarks/kernel_aot.py, benchmarks/RESULTS.md).
 TUNING_SPACE_BEFORE_TRITON: dict[tuple[int, int], dict[tuple[str, str, int], list[tuple[int, int, int, int]]]] = {
     # 3.7.1, what torch 2.13's CUDA wheels pin (requirements/cuda.lock): 128x64 w8 s2 spills 260-300 B under a
     # causal mask, 64x64 w8 s2 56 B with an elementwise gate and a full one; 128x32 w8 s2 takes the 128-row place (at
@@ -142,7 +142,7 @@ def autotune_configs(kernel: str) -> list:
 
 
 def device_capability(tensor: torch.Tensor) -> tuple[int, int]:
-    """Compute capability of the GPU holding `tensor`. Ahead-of-time compilation (tests/kernel_aot.py) swaps
+    """Compute capability of the GPU holding `tensor`. Ahead-of-time compilation (benchmarks/kernel_aot.py) swaps
     this for the target it compiles for."""
     return torch.cuda.get_device_capability(tensor.device)
 

@@ -6,12 +6,12 @@ import json
 
 import pytest
 import torch
-from conversion_helpers import load, logits, refuse
-from helpers import assert_nothing_written
 
 from gated_qwen import GatedQwenForCausalLM
 from gated_qwen.conversion import VerificationError, convert
 from gated_qwen.conversion.formats import qwen3 as qwen3_module
+from tests.conversion.conversion_helpers import load, logits, refuse
+from tests.helpers import assert_nothing_written
 
 
 def test_qwen3_without_gate_is_exact_and_sharded(qwen3_sources, tmp_path):

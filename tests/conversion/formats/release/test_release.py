@@ -7,10 +7,20 @@ import json
 
 import pytest
 import torch
-from conversion_helpers import IDS, TINY, load, logits, randomize_, refuse, release_forward, tensors, write_release
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
 from gated_qwen.conversion import convert
+from tests.conversion.conversion_helpers import (
+    IDS,
+    TINY,
+    load,
+    logits,
+    randomize_,
+    refuse,
+    release_forward,
+    tensors,
+    write_release,
+)
 
 
 @pytest.mark.parametrize("kv_heads", [4, 2, 1], ids=["gqa1", "gqa2", "gqa4"])

@@ -15,13 +15,13 @@ pytest.importorskip("gguf", reason="needs the gguf extra: pip install 'gated-qwe
 
 import gguf
 import torch
-from helpers import SMALL, TINY_MOE, assert_refused, randomize_, sizes, tiny_tokenizer
 from transformers import AutoConfig
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, GatedQwenMoeConfig, GatedQwenMoeForCausalLM
 from gated_qwen.cli import main
 from gated_qwen.conversion import VerificationError, convert
 from gated_qwen.conversion.formats import gguf as gguf_format
+from tests.helpers import SMALL, TINY_MOE, assert_refused, randomize_, sizes, tiny_tokenizer
 
 DENSE = sizes(SMALL, vocab_size=320)
 MOE = sizes(DENSE, **TINY_MOE, shared_expert_intermediate_size=32, norm_topk_prob=True)

@@ -17,8 +17,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conversion_helpers import TINY, randomize_
-from helpers import assert_refused
 from safetensors.torch import load_file
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
@@ -26,6 +24,8 @@ from gated_qwen.conversion import convert
 from gated_qwen.conversion.dcp import DcpCheckpoint, write_dcp
 from gated_qwen.conversion.formats.megatron import megatron_logits, open_megatron
 from gated_qwen.conversion.io import TensorPlan
+from tests.conversion.conversion_helpers import TINY, randomize_
+from tests.helpers import assert_refused
 
 HERE = Path(__file__).parent
 PARITY = 1e-5  # max |logit difference| in float32, the bar

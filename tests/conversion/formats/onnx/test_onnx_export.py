@@ -7,9 +7,9 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-from helpers import SMALL, assert_refused, randomize_, sizes
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
+from tests.helpers import SMALL, assert_refused, randomize_, sizes
 
 DENSE = sizes(SMALL, vocab_size=320)
 

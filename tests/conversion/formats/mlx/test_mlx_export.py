@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import SMALL, TINY_MOE, assert_refused, randomize_, sizes
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, GatedQwenMoeConfig, GatedQwenMoeForCausalLM
 from gated_qwen.cli import main
 from gated_qwen.conversion import VerificationError, convert
 from gated_qwen.conversion.formats import mlx as mlx_format
 from gated_qwen.conversion.io import Checkpoint
+from tests.helpers import SMALL, TINY_MOE, assert_refused, randomize_, sizes
 
 DENSE = sizes(SMALL, vocab_size=320)
 MOE = sizes(DENSE, **TINY_MOE, shared_expert_intermediate_size=32)

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conversion_helpers import TINY, VOCAB, load, logits, randomize_, refuse, tensors
 from safetensors.torch import save_file
 from transformers import (
     Qwen3_5ForCausalLM,
@@ -20,6 +19,7 @@ from transformers import (
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
 from gated_qwen.conversion import convert
+from tests.conversion.conversion_helpers import TINY, VOCAB, load, logits, randomize_, refuse, tensors
 
 QWEN3_5_EXPORTS = [
     dict(),

@@ -18,9 +18,9 @@ The same numbers are given for an anchor: the Triton fused-attention tutorial's 
 the off-band / on-band causal split, its autotune space and pruning rule; its fused dK/dV + dQ backward with its fixed
 blocks), written anew here with pointer loads instead of the tutorial's tensor descriptors, compiled the same way.
 
-    python tests/kernel_aot.py --out DIR            # full grid, both architectures (about an hour on 2 cores)
-    python tests/kernel_aot.py --grid representative --arch 90 --jobs 2
-    python tests/kernel_aot.py --grid representative --no-anchor --json rows.json   # tests/kernel/test_kernel_aot.py
+    python benchmarks/kernel_aot.py --out DIR            # full grid, both architectures (about an hour on 2 cores)
+    python benchmarks/kernel_aot.py --grid representative --arch 90 --jobs 2
+    python benchmarks/kernel_aot.py --grid representative --no-anchor --json rows.json   # tests/kernel/test_kernel_aot.py
 
 Exit status 0 when every compilation passes every check, 1 otherwise, 2 on bad arguments.
 """
@@ -597,7 +597,7 @@ def main(argv=None) -> int:
     report = (f"### Ahead-of-time compilation ({args.grid} grid, Triton {triton.__version__}, ptxas from the wheel)\n\n"
               f"{len(rows)} compilations in {elapsed:.0f} s, {len(failed)} failing a check.\n\n"
               f"{summary_table(rows)}\n\n#### Worst case per configuration\n\n{config_table(rows)}\n\n"
-              f"command: python tests/kernel_aot.py {' '.join(argv if argv is not None else sys.argv[1:])}")
+              f"command: python benchmarks/kernel_aot.py {' '.join(argv if argv is not None else sys.argv[1:])}")
     print(report)
     for path, text in ((args.json, json.dumps(rows, indent=1)),):
         if path is not None:

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from conversion_helpers import TINY, randomize_
-from helpers import assert_refused
 from safetensors.torch import load_file
 
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
 from gated_qwen.conversion import convert
 from gated_qwen.conversion.dcp import DcpCheckpoint
 from gated_qwen.conversion.formats.olmo_core import olmo_logits, open_olmo
+from tests.conversion.conversion_helpers import TINY, randomize_
+from tests.helpers import assert_refused
 
 HERE = Path(__file__).parent
 PARITY = 1e-5
