@@ -16,10 +16,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from gated_qwen.conversion import ConversionError, convert
-from tests.helpers import assert_nothing_written, sizes
+from tests.helpers import TINY, assert_nothing_written
 from tests.helpers import randomize_ as randomize_weights_
 
-TINY = sizes(vocab_size=100, intermediate_size=48)  # the sizes write_release's checkpoints (and their tests) use
 VOCAB = TINY["vocab_size"]
 IDS = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(1))
 

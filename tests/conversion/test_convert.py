@@ -114,7 +114,7 @@ BAD_SOURCES = {  # name: (damage(src) -> the expected message, format flags)
     "config field type": (lambda src: edit_json(src / "config.json", hidden_size="32")
                           or "Field 'hidden_size' expected int, got str", ["--from", "qwen3"]),
     "shapes vs config (from qwen3)": (lambda src: edit_json(src / "config.json", intermediate_size=40)
-                                      or "mlp.gate_proj.weight is [48, 32] where the config implies [40, 32]",
+                                      or "mlp.gate_proj.weight is [64, 32] where the config implies [40, 32]",
                                       ["--from", "qwen3"]),
     "tensors missing (from qwen3)": (lambda src: edit_json(src / "config.json", num_hidden_layers=3,
                                                                layer_types=["full_attention"] * 3)
