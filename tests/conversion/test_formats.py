@@ -9,7 +9,7 @@ import pytest
 from gated_qwen.cli import build_parser, main
 from gated_qwen.conversion import ConversionError, convert
 from gated_qwen.conversion.errors import CheckpointFormatError
-from gated_qwen.conversion.format import ExportOption
+from gated_qwen.conversion.format_types import ExportOption
 from gated_qwen.conversion.formats import FORMATS, FROM_FORMATS, TO_FORMATS, format_of
 from tests.helpers import assert_nothing_written, assert_refused
 

@@ -1,21 +1,19 @@
 """Checkpoint conversion between GatedQwen and the formats that exist today.
 
-`convert(src, dst, from_format=...)` imports a checkpoint into GatedQwen, `convert(src, dst, to_format=...)` exports a
-GatedQwen checkpoint. The formats are one `Format` object each (`format.py`), in its own module under `formats/`, which carries everything
-about it (detection, config translation and tensor rules, export and its options, the models that read and check
-it); `formats.FORMATS` registers it with one line, and `FROM_FORMATS`, `TO_FORMATS`, the export options and the
-command line's choices and help come from there (`gated-qwen convert --help` lists them with what each is). The same
-object is what `from_pretrained` reads such a folder with (`loading.py`). Its refusals reach the caller as
-`ConversionError`s that name the format flag. Every conversion streams tensors (one output shard in memory at a
-time), writes sharded safetensors with an index, shows progress, and writes `dst` through `gated_qwen.files` (refused when it is, contains or lies inside
-`src`; built in a staging folder beside it and renamed into place only when complete; an existing `dst` replaced
-only with `overwrite=True`). Pickled `.bin` weights are read only with `allow_pickle=True`. Whatever `verify` says,
-the conversion checks the structure (`structure.py`): the source matches its config, and the result holds every
-parameter of the model its written config describes, once, with the right shape, and nothing else. `verify`
-(default: on for models up to 500M parameters) compares the logits of source and result on random sequences on top
-and raises `VerificationError` beyond the stated tolerance.
-
-Importing this package is light (no torch); `convert` imports the model stack when it runs.
+`convert(src, dst, from_format=...)` imports a checkpoint into GatedQwen, `convert(src, dst, to_format=...)` exports
+a GatedQwen checkpoint. The formats are one `Format` object each (`format_types.py`), in its own module under
+`formats/`, which carries everything about it (detection, config translation and tensor rules, export and its
+options, the models that read and check it); `formats.FORMATS` registers it with one line, and `FROM_FORMATS`,
+`TO_FORMATS`, the export options and the command line's choices and help come from there (`gated-qwen convert --help`
+lists them with what each is). The same object is what `from_pretrained` reads such a folder with (`loading.py`). Its
+refusals reach the caller as `ConversionError`s that name the format flag. Every conversion streams tensors (one
+output shard in memory at a time), writes sharded safetensors with an index, shows progress, and writes `dst` through
+`gated_qwen.files` (refused when it is, contains or lies inside `src`; built in a staging folder beside it and
+renamed into place only when complete; an existing `dst` replaced only with `overwrite=True`). Pickled `.bin` weights
+are read only with `allow_pickle=True`. Whatever `verify` says, the conversion checks the structure (`structure.py`):
+the source matches its config, and the result holds every parameter of the model its written config describes, once,
+with the right shape, and nothing else. `verify` (default: on for models up to 500M parameters) compares the logits
+of source and result on random sequences on top and raises `VerificationError` beyond the stated tolerance.
 """
 
 from __future__ import annotations
@@ -27,16 +25,26 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from huggingface_hub.errors import StrictDataclassError
+from transformers.dynamic_module_utils import custom_object_save
 
-from ..files import CONFIG_VALUE_ERRORS, OutputError, clean_stale, clean_stale_scratch, output_file, output_folder, say
+from ..files import (
+    CONFIG_VALUE_ERRORS,
+    OutputError,
+    clean_stale,
+    clean_stale_scratch,
+    output_file,
+    output_folder,
+    say,
+    write_json,
+)
 from ..files.memory import available_memory
 from . import plans
 from .errors import CheckpointFormatError, ConversionError, VerificationError
-from .format import FileWriting, Format
-from .formats import FORMATS, FROM_FORMATS, GATED, TO_FORMATS, export_options, taking
+from .format_types import FileWriting, Format
+from .formats import FORMATS, FROM_FORMATS, GATED, TO_FORMATS, export_options, model_class, taking
 from .io import Checkpoint, carry_files, files_to_carry, open_checkpoint, own_code, parse_size, write_weights
 from .plans import gated_config
-from .shared import parse_gate, source_dtype
+from .shared import A7_NOTE, parse_gate, source_dtype
 from .structure import check_plan, check_source, check_written
 from .verify import VERIFY_MAX_PARAMETERS, VERIFY_RTOL, verify
 
@@ -96,15 +104,9 @@ def _write_config(config, folder: Path, result: Format) -> None:
     `save_pretrained`, and for a gated_qwen result also the modeling files, so the folder loads with
     `trust_remote_code=True` without the package."""
     if isinstance(config, dict):
-        from ..files import write_json
-
         write_json(folder / "config.json", config)
         return
     if result is GATED:
-        from transformers.dynamic_module_utils import custom_object_save
-
-        from .formats import model_class
-
         causal_lm = model_class(config.model_type)
         config.architectures = [causal_lm.__name__]
         config.save_pretrained(folder)
@@ -127,7 +129,6 @@ def _refusals_as_conversion_errors(flag: str) -> Iterator[None]:
 
 def _import_plan(fmt: Format, ckpt, add_gate):
     """`(GatedQwen config, plan)` of reading `ckpt` in format `fmt`, with `add_gate` where the format takes one."""
-
     reading = fmt.reading
     if ckpt.config.get("model_type") not in reading.reads:
         raise ConversionError(f"SRC has model_type={ckpt.config.get('model_type')!r}; `--from {fmt.name}` reads "
@@ -144,7 +145,6 @@ def _import_plan(fmt: Format, ckpt, add_gate):
 def _plan(request: _Request, ckpt):
     """`(config to write, plan)` of the request, with a config.json whose values the config classes refuse
     reported as such."""
-
     try:
         if request.export:
             return request.fmt.writing.plan(ckpt, **request.options)
@@ -174,7 +174,6 @@ def _check_memory(request: _Request, ckpt, plan: dict | None, shard_size: int | 
     one output shard (`shard_size`, at least the largest output tensor) and the source tensor read for it; an
     export without a plan (`--to onnx`) builds the whole float32 model from the float32 weights; `verify` (on by
     default up to `VERIFY_MAX_PARAMETERS`) builds the source's and the result's float32 models."""
-
     available = available_memory("cpu")
     if available is None:
         return
@@ -207,7 +206,6 @@ def _kinds(request: _Request, ckpt, config) -> tuple[str, str]:
 
 def _write(request: _Request, ckpt, config, plan, folder: Path, shard_size: int | None) -> None:
     """Writes config.json and the weights of `plan` into `folder`, each checked against the other."""
-
     _write_config(config, folder, request.result)
     files = request.fmt.writing.files if request.export else None
     for name, text in (files(config) if files else {}).items():
@@ -233,8 +231,6 @@ def _verify(request: _Request, src: Path, ckpt, folder: Path, config, allow_pick
 
 def _report(request: _Request, dst: Path, result_kind: str, plan: dict, copied: list[str], code_left: list[str]):
     if request.add_gate is not None:
-        from .shared import A7_NOTE
-
         say(A7_NOTE)
     code = [name for name in copied if name.endswith(".py")]
     if code:
@@ -251,7 +247,6 @@ def _write_file(request: _Request, src, dst, *, overwrite: bool, allow_pickle: b
     format's own files (e.g. ONNX, with SRC's tokenizer and generation files carried beside them), written whole or
     not at all, the source's structure checked first and `--verify` against the format's own reader; none of a
     safetensors folder's options."""
-
     folder = request.fmt.writing.folder
     given = [flag for flag, used in folder_options.items() if used]
     if given:
@@ -333,14 +328,6 @@ def clean(path: str | os.PathLike) -> list[str]:
     inside the folder `path`, and the scratch folders they left in TMPDIR (the Trainer's of `reproduce`), when their
     process has ended; returns what was done, one line each."""
     return clean_stale(path, inside=True) + clean_stale_scratch()
-
-
-def __getattr__(name: str):
-    if name == "Checkpoint":  # the model stack, imported on first use
-        from .io import Checkpoint
-
-        return Checkpoint
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [

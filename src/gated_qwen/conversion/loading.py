@@ -41,7 +41,7 @@ from transformers.utils import logging
 
 from ..model.configuration_gated import FIELDS, GATED_MODEL_TYPES, GatedQwenConfig, model_type_error
 from .errors import CheckpointFormatError
-from .format import Context, Format, Shard, TensorRule, layer_of
+from .format_types import Context, Format, Shard, TensorRule, layer_of
 from .formats import FORMATS, format_of
 from .io import Checkpoint
 from .plans import gated_config

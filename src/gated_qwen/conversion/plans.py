@@ -1,4 +1,4 @@
-"""The streaming adapter of `gated-qwen convert`: a format (`format.py`) -> a plan, `{output tensor name:
+"""The streaming adapter of `gated-qwen convert`: a format (`format_types.py`) -> a plan, `{output tensor name:
 TensorPlan}` that `io.write_weights` computes shard by shard.
 
 An import plan (`plan_import`) applies the format's tensor rules to the source's tensors: each output's shape and
@@ -19,7 +19,7 @@ from ..model.configuration_gated_moe import GatedQwenMoeConfig
 from ..model.modeling_gated import GatedQwenForCausalLM
 from ..model.modeling_gated_moe import GatedQwenMoeForCausalLM
 from .errors import ConversionError
-from .format import Context, Format, Shard, layer_of, rule_for
+from .format_types import Context, Format, Shard, layer_of, rule_for
 from .io import Checkpoint, TensorInfo, TensorPlan
 
 

@@ -28,7 +28,7 @@ from transformers.modeling_utils import remove_tied_weights_from_state_dict
 
 from ..files import config_from_dict
 from ..model.gating import gated_layers
-from .format import Format
+from .format_types import Format
 from .formats import model_class
 from .io import Checkpoint, ConversionError, TensorPlan
 

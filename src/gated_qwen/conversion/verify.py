@@ -16,7 +16,7 @@ import torch
 
 from ..files.reading import utf8_named
 from .errors import ConversionError, VerificationError
-from .format import FileWriting, Format
+from .format_types import FileWriting, Format
 from .formats import model_class
 from .io import open_checkpoint
 

@@ -1,6 +1,6 @@
 """The checkpoint formats GatedQwen reads and writes besides its own, in one registry: one line per format.
 
-Each format is one `Format` object (`format.py`), defined in its own module here (`release.py`, `qwen3.py`,
+Each format is one `Format` object (`format_types.py`), defined in its own module here (`release.py`, `qwen3.py`,
 `qwen3_5.py`, `gguf.py`, `mlx.py`, `onnx.py`), which is all there is to know about it: its reading (detection, config
 translation, tensor rules), its writing (an export made of the steps of `export_steps.py`, and its options), and
 the models that read and check it. Every list of formats or options in a message or help text is made from this
@@ -12,7 +12,7 @@ from transformers import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from ..errors import CheckpointFormatError
-from ..format import ExportOption, Format
+from ..format_types import ExportOption, Format
 from . import gguf, megatron, mlx, olmo_core, onnx, qwen3, qwen3_5, release
 
 # The order in which `format_of` asks the formats (the release before stock Qwen3: both are model_type qwen3).

@@ -46,7 +46,7 @@ from ..export_steps import (
     qwen3_5_attention,
     stacked_experts,
 )
-from ..format import FileWriting, Format
+from ..format_types import FileWriting, Format
 from ..io import Checkpoint, TensorPlan, carry_files
 from ..plans import TensorMap, copy_rest
 

@@ -44,7 +44,7 @@ from ...files import read_json_object, say
 from ..dcp import METADATA, DcpCheckpoint, dcp_files, write_dcp
 from ..errors import CheckpointFormatError, ConversionError
 from ..export_steps import check_g1_sigmoid, g1_gate_rows, load_gated_config
-from ..format import FileWriting, Format, OwnModel, Reading
+from ..format_types import FileWriting, Format, OwnModel, Reading
 from ..io import Checkpoint, TensorInfo, TensorPlan, source_file, unpickling_reason
 from ..plans import TensorMap
 

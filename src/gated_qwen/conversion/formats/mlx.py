@@ -49,7 +49,7 @@ from ..export_steps import (
     stacked_experts,
     zeros,
 )
-from ..format import FolderWriting, Format, OwnModel
+from ..format_types import FolderWriting, Format, OwnModel
 from ..io import Checkpoint, TensorPlan
 from ..plans import TensorMap, copy_rest
 

@@ -35,7 +35,7 @@ from ...model.modeling_gated import GatedQwenForCausalLM
 from ...model.modeling_gated_moe import GatedQwenMoeForCausalLM
 from ..errors import ConversionError, import_extra
 from ..export_steps import load_gated_config
-from ..format import FileWriting, Format
+from ..format_types import FileWriting, Format
 
 if TYPE_CHECKING:
     import torch

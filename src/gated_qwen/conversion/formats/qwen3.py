@@ -19,7 +19,7 @@ from transformers import Qwen3Config, Qwen3MoeConfig
 from ...model.configuration_gated import CONFIG_ERRORS, GatedQwenConfig
 from ...model.gating import ACTIVATIONS, POSITIONS, gated_layers
 from ..errors import CheckpointFormatError
-from ..format import Context, Format, Reading, TensorRule
+from ..format_types import Context, Format, Reading, TensorRule
 from ..shared import QWEN3_FIELDS, SLIDING_FIELDS, STOCK_MOE_FIELDS, parse_gate
 from .release import RELEASE_KEYS
 

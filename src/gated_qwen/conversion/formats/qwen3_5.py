@@ -49,7 +49,7 @@ from ..export_steps import (
     norm_dtype,
     qwen3_5_attention,
 )
-from ..format import Context, ExportOption, FolderWriting, Format, Reading, TensorRule
+from ..format_types import Context, ExportOption, FolderWriting, Format, Reading, TensorRule
 from ..io import Checkpoint
 from ..plans import TensorMap, copy_rest
 from ..shared import QWEN3_FIELDS, STOCK_MOE_FIELDS, source_dtype

@@ -26,7 +26,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
 from ..errors import CheckpointFormatError, ConversionError
 from ..export_steps import check_g1_sigmoid, exported_bias, gate_rows_into_q_proj, load_gated_config, zero_biases
-from ..format import Context, FolderWriting, Format, OwnModel, Reading, TensorRule
+from ..format_types import Context, FolderWriting, Format, OwnModel, Reading, TensorRule
 from ..io import Checkpoint, TensorPlan
 from ..plans import TensorMap, copy_rest
 from ..shared import QWEN3_FIELDS, source_dtype
