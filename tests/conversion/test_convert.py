@@ -27,7 +27,7 @@ from transformers import (
 import gated_qwen
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
 from gated_qwen.cli import main
-from gated_qwen.conversion import ConversionError, convert, plans
+from gated_qwen.conversion import TO_FORMATS, ConversionError, convert, plans
 from gated_qwen.conversion.formats import qwen3 as qwen3_module
 from tests.conversion.conversion_helpers import (
     TINY,
@@ -599,9 +599,7 @@ def test_a_missing_q_proj_that_holds_the_gate_is_named_as_such(tmp_path, capsys)
 LOOP = "is a link loop: following its links leads back to a link already followed"
 
 
-@pytest.mark.parametrize("direction", [["--from", "qwen3"], *(["--to", to] for to in ("mlx", "qwen3_5", "onnx",
-                                                                                         "release", "gguf"))],
-                         ids=" ".join)
+@pytest.mark.parametrize("direction", [["--from", "qwen3"], *(["--to", to] for to in TO_FORMATS)], ids=" ".join)
 def test_a_link_loop_is_refused_by_name_in_every_direction(qwen3_sources, gated_source, tmp_path, capsys, direction):
     """`model.safetensors -> model.safetensors`, a config.json and a tokenizer.json that link to each other, SRC a
     link to itself, DST one: each refused in one line naming the path, status 2, nothing written (Python 3.11's
@@ -647,10 +645,9 @@ def test_a_source_or_destination_whose_name_is_not_utf8_is_converted_and_verifie
     torch.testing.assert_close(logits(load(GatedQwenForCausalLM, tmp_path / "plain")), expected)
 
 
-@pytest.mark.parametrize("to", ["mlx", "onnx", "gguf", "qwen3_5", "release"])
+@pytest.mark.parametrize("to", TO_FORMATS)
 def test_every_export_refuses_an_output_into_over_or_around_its_input(gated_source, tmp_path, capsys, to):
-    """docs/cli.md's first rule for the exports added since (`--to mlx`, `--to onnx`, a GGUF file) as for the others:
-    DST inside SRC, DST that is SRC through a link (for a one-file GGUF: a folder), and DST holding SRC (with
+    """docs/cli.md's first rule for every registered export: DST inside SRC, DST that is SRC through a link (for a one-file GGUF: a folder), and DST holding SRC (with
     --overwrite) are refused in one line
     before anything is read or written (`--to onnx` before it asks for ONNX Runtime), SRC left as it was."""
     src = tmp_path / "holder" / "src"
