@@ -122,7 +122,7 @@ def run(size: str, parent: str) -> None:
     cli = [str(bin_dir / "gated-qwen")]
     root = Path(tempfile.mkdtemp(prefix=f"real-size-{size}-", dir=parent))
     try:
-        src, gated = root / "release", root / "gated"
+        src, gated = root / "source", root / "gated"
         src.mkdir()
         sizes = json.loads(subprocess.run([sys.executable, __file__, size, "--write-to", str(src)], check=True,
                                           capture_output=True, text=True).stdout)
