@@ -103,18 +103,12 @@ compat_TESTS = bash requirements/compat_tests.sh $(DW)
 ## test-serving      vLLM against Transformers (COMPAT_PYTHON=PATH: also its)
 # --no-deps: the index's CUDA torchaudio/torchcodec stay out.
 serving_LOCKS = requirements/serving-cpu.lock
-serving_NEEDS = requirements/serving_torchvision_ops.py
+serving_NEEDS = requirements/serving_torchvision_ops.py requirements/serving_setup.sh
 serving_PIP = --no-deps
-serving_SETUP = site=$$(.venv-serving/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") && \
-	cp $(serving_NEEDS) "$$site/" && echo "import serving_torchvision_ops" > "$$site/serving_torchvision_ops.pth"
+serving_SETUP = bash requirements/serving_setup.sh
 serving_IMPORTS = import vllm.model_executor.models.qwen3_5, vllm.entrypoints.openai.api_server, pytest, openai, gated_qwen.integrations.vllm_plugin
 serving_TEST_NEEDS = $(STAMP) .venv-serving/.installed
-SENV = GATED_QWEN_PYTHON=$(CURDIR)/$(PY) $(if $(COMPAT_PYTHON),GATED_QWEN_COMPAT_PYTHON=$(abspath $(COMPAT_PYTHON)))
-define serving_TESTS
-$(SENV) VLLM_PLUGINS=none $(call RUN_PYTEST,.venv-serving) tests/serving --ignore=tests/serving/test_plugin.py
-$(SENV) $(call RUN_PYTEST,.venv-serving) tests/serving/test_plugin.py
-$(call RUN_PYTEST,.venv-serving) tests/model/test_transformers_compat.py tests/model/test_remote_code.py
-endef
+serving_TESTS = COMPAT_PYTHON=$(COMPAT_PYTHON) bash requirements/serving_tests.sh
 
 ## test-distributed  DDP, FSDP2, ZeRO-2/3 and tensor parallelism on 2 CPU processes
 distributed_LOCKS = requirements/cpu.lock
@@ -182,6 +176,10 @@ bench-serving: $(STAMP) .venv-serving/.installed
 bench-local: $(STAMP) .venv-llama/.installed .venv-mlx/.installed .venv-onnx/.installed
 	rm -rf runs/bench-local && .venv-onnx/bin/python benchmarks/local_speed.py build runs/bench-local
 	$(PY) benchmarks/local_speed.py run runs/bench-local --repeats 7 --threads 1
+
+## bench-real-size   every command on the paper's 1B and 1.7B shapes (RESULTS.md)
+bench-real-size: $(STAMP) .venv-onnx/.installed
+	nice -n 19 .venv-onnx/bin/python benchmarks/real_size.py 1b 1.7b
 
 ## lock-serving      rewrites serving-cpu.lock; then make test-serving
 ## lock-distributed  rewrites distributed-cpu.lock; then make test-distributed

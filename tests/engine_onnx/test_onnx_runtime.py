@@ -10,7 +10,8 @@
 - A batch with left padding, as Optimum and Transformers.js feed one.
 - int8 dynamic quantization (`onnxruntime.quantization.quantize_dynamic`) of a briefly trained model: perplexity on
   held-out text beside the float32 graph's, which equals Transformers'.
-- The weights beside the graph in one `model.onnx_data` file (what a model past ONNX's 2 GB gets).
+- The weights beside the graph in one `model.onnx_data` file (what a model past ONNX's 2 GB gets), a tied embedding
+  stored once, and a graph past 2 GiB (slow: 1 GiB of float32 weights) converted and run.
 - Optimum's `ORTModelForCausalLM` (optimum-onnx 0.1.0, in .venv-optimum with the Transformers it requires) and
   Transformers.js 4.3.1 (in Node, and in headless Chromium on onnxruntime-web's WebAssembly backend: tests/engine_onnx/js)
   run the folders: their logits and their `generate`, through the graph's KV cache, are Transformers'.
@@ -110,18 +111,47 @@ def test_a_left_padded_batch(cases):
     assert distance([logits[0, pad:], logits[1]], [reference[0], reference[2]]) <= RTOL
 
 
-def test_weights_beside_the_graph_in_one_file(tmp_path, monkeypatch):
+def test_weights_beside_the_graph_in_one_file_and_a_tied_embedding_once(tmp_path, monkeypatch):
     """A graph whose weights pass the limit (ONNX's 2 GB; lowered here) keeps them in one `model.onnx_data` file
-    beside `model.onnx`, which ONNX Runtime reads with it."""
-    folder = build(tmp_path / "gated", {})
+    beside `model.onnx`, which ONNX Runtime reads with it; a tied embedding is stored once (the lm_head reads it
+    through a Transpose), and the logits are Transformers'."""
+    import onnx
+
+    folder = build(tmp_path / "gated", dict(tie_word_embeddings=True))
     monkeypatch.setattr(onnx_format, "EXTERNAL_DATA_BYTES", 1)
     convert(folder, tmp_path / "onnx", to_format="onnx")  # --verify runs it in ONNX Runtime
     assert sorted(p.name for p in (tmp_path / "onnx").iterdir()) == [
         "config.json", "generation_config.json", "model.onnx", "model.onnx_data"]
     graph, data = ((tmp_path / "onnx" / name).stat().st_size for name in ("model.onnx", "model.onnx_data"))
     assert graph < data  # tensors under 1 KB stay inside the graph, as in Optimum's exports
+    config = json.loads((folder / "config.json").read_text())
+    embedding = config["vocab_size"] * config["hidden_size"]
+    initializers = onnx.load(str(tmp_path / "onnx" / "model.onnx"), load_external_data=False).graph.initializer
+    assert [list(i.dims) for i in initializers if np.prod(i.dims) == embedding] == [
+        [config["vocab_size"], config["hidden_size"]]]
     run = ort_greedy(tmp_path / "onnx", PROMPTS[1], NEW_TOKENS)
-    assert run["greedy"] == transformers_answer(folder)["greedy"][1]
+    reference = transformers_answer(folder)
+    assert run["greedy"] == reference["greedy"][1]
+    assert distance([run["logits"]], [reference["logits"][1]]) <= RTOL
+
+
+@pytest.mark.slow
+def test_a_graph_past_2_gib_converts_and_runs(tmp_path):
+    """1 GiB of float32 weights, most of it a tied embedding [262144, 1024] that the exporter's own graph holds twice
+    (past protobuf's 2 GiB): `convert --to onnx --verify` writes it and ONNX Runtime's logits are Transformers'."""
+    from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
+
+    config = GatedQwenConfig(vocab_size=262144, hidden_size=1024, intermediate_size=1024, num_hidden_layers=1,
+                             num_attention_heads=8, num_key_value_heads=4, head_dim=128, tie_word_embeddings=True)
+    GatedQwenForCausalLM(config).save_pretrained(tmp_path / "gated")
+    assert (tmp_path / "gated" / "model.safetensors").stat().st_size > 2**30
+    convert(tmp_path / "gated", tmp_path / "onnx", to_format="onnx", verify=True)
+    ids = torch.tensor([PROMPTS[2]])
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "gated", dtype=torch.float32).eval()
+    with torch.no_grad():
+        reference = model(ids).logits[0].numpy()
+    del model
+    assert distance([onnx_format.onnx_logits(tmp_path / "onnx", ids)[0].numpy()], [reference]) <= RTOL
 
 
 def test_int8_dynamic_quantization_and_its_perplexity(tmp_path):

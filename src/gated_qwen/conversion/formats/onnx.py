@@ -176,12 +176,12 @@ def write(ckpt: Checkpoint, folder: Path) -> tuple[int, str]:
     layers, vocab_size, model_type = model.config.num_hidden_layers, model.config.vocab_size, model.config.model_type
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # the tracer's notes on Python values it freezes (--verify runs other shapes)
-        torch.onnx.export(_flat(model), _example(model.config), folder / MODEL_FILE, input_names=input_names(layers),
+        torch.onnx.export(_flat(model), _example(model.config), str(folder / MODEL_FILE), input_names=input_names(layers),
                           output_names=output_names(layers), dynamic_axes=dynamic_axes(layers), opset_version=OPSET,
                           dynamo=False)
-    weights = sum(p.numel() * 4 for p in model.parameters())
+    weights = sum(p.numel() * 4 for p in model.parameters())  # a tied embedding once
     del model
-    _gather_external_data(folder, weights)
+    _finish_graph(folder, weights)
     write_json(folder / "config.json", {k: v for k, v in ckpt.config.items() if k != "auto_map"})  # no code here
     check_graph(folder)
     where = f"weights in {DATA_FILE}" if (folder / DATA_FILE).exists() else "weights inside"
@@ -189,19 +189,31 @@ def write(ckpt: Checkpoint, folder: Path) -> tuple[int, str]:
                         f"({where}), KV cache inputs and outputs")
 
 
-def _gather_external_data(folder: Path, weights: int) -> None:
-    """Past `EXTERNAL_DATA_BYTES` of weights, the graph's initializers go into one `DATA_FILE` beside it (PyTorch's
-    exporter writes a file per tensor past 2 GB; Optimum and ONNX Runtime read one file)."""
+def _finish_graph(folder: Path, weights: int) -> None:
+    """The exported graph as written: a tied embedding stored once (the exporter folds the lm_head's transpose of it
+    into a second copy, which becomes a Transpose of the one embedding), and past `EXTERNAL_DATA_BYTES` of weights
+    the initializers in one `DATA_FILE` beside the graph (PyTorch's exporter writes a file per tensor when its own
+    graph passes 2 GiB; Optimum and ONNX Runtime read one file)."""
     import onnx
+    from onnx import helper, numpy_helper
 
-    if weights <= EXTERNAL_DATA_BYTES:
-        return
-    before = set(folder.iterdir())
     graph = onnx.load(str(folder / MODEL_FILE), load_external_data=True)
-    for path in before - {folder / MODEL_FILE}:
-        path.unlink()
-    onnx.save_model(graph, str(folder / MODEL_FILE), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=DATA_FILE, size_threshold=1024)
+    for path in set(folder.iterdir()) - {folder / MODEL_FILE}:
+        path.unlink()  # the exporter's files of one tensor each
+    initializers = graph.graph.initializer
+    embedding = next((i for i in initializers if i.name.endswith("embed_tokens.weight")), None)
+    if embedding is not None and len(embedding.dims) == 2:
+        rows = numpy_helper.to_array(embedding)
+        for copy in [i for i in initializers if list(i.dims) == list(reversed(embedding.dims)) and i is not embedding]:
+            if (numpy_helper.to_array(copy) == rows.T).all():
+                initializers.remove(copy)
+                graph.graph.node.insert(0, helper.make_node("Transpose", [embedding.name], [copy.name], perm=[1, 0]))
+        del rows
+    if weights <= EXTERNAL_DATA_BYTES:
+        onnx.save_model(graph, str(folder / MODEL_FILE))
+    else:
+        onnx.save_model(graph, str(folder / MODEL_FILE), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=DATA_FILE, size_threshold=1024)
 
 
 def session(folder: Path, file: str = MODEL_FILE):
