@@ -1,4 +1,4 @@
-"""The seeds a row needs, from a committed report's per-seed numbers (issue 47; docs/analysis.md quotes the output).
+"""The seeds a row needs, from a committed report's per-seed numbers (docs/analysis.md quotes the output).
 
     .venv/bin/python benchmarks/reproduce/power.py [benchmarks/reproduce/confirm.json]
     .venv/bin/python benchmarks/reproduce/power.py --search runs/search47.jsonl   # table1-spread's tuning seeds

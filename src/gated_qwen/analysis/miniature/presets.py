@@ -134,7 +134,7 @@ STABILITY = replace(MAIN, high_lr_variants=PAIR)
 NO_LONG_CONTEXT = ("long", "its set-up search on the tuning seeds had found no baseline that recalls at its training "
                    "length (256 tokens) when this run was declared (benchmarks/RESULTS.md)")
 NO_DEEP = ("deep", "no set-up tried has a baseline with a per-head sink on at least 5 of 6 tuning seeds (four "
-           "candidates, issue 36's choice among them, with one on seeds 2-3 only: search.py deep-sink-6, "
+           "candidates, the four-layer set-up among them, with one on seeds 2-3 only: search.py deep-sink-6, "
            "benchmarks/RESULTS.md)")
 _SMOKE = Preset(hidden_size=32, head_dim=32, intermediate_size=64, seq_len=24, batch_size=4, steps=6, seeds=(0,),
                 eval_documents=4, analysis_documents=2, extrapolation=(1, 2), extrapolation_documents=2)
