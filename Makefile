@@ -58,8 +58,9 @@ lint: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/gated-qwen reproduce $(if $(JOBS),--jobs $(JOBS)) --out runs/demo-$(NOW)
 
-## confirm           the confirmatory run on fresh seeds into runs/confirm-DATE
+## confirm           the confirmatory run on seeds outside benchmarks/reproduce/seeds.json into runs/confirm-DATE
 confirm: $(STAMP)
+	@$(VENV)/bin/python benchmarks/reproduce/seeds.py --check confirm
 	$(VENV)/bin/gated-qwen reproduce --preset confirm $(if $(JOBS),--jobs $(JOBS)) --out runs/confirm-$(NOW)
 
 ## gpu-check         the kernel's correctness and speed on a CUDA GPU

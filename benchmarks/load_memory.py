@@ -5,7 +5,7 @@ Writes the synthetic release checkpoint of `convert_memory.py` (the paper's 1B a
 rows packed in q_proj, bfloat16, 4 shards), converts it once with `gated-qwen convert --from release` (the anchor
 folder), then loads each folder `--reps` times, each in a fresh child process that reports its peak resident memory
 (`VmHWM`) right after `from_pretrained` and once every weight has been read (the anchor's weights are memory-mapped
-and become resident only when read; any use of the model reads them), and the wall times. Goal (issue 11): peak
+and become resident only when read; any use of the model reads them), and the wall times. Goal: peak
 memory of the release folder <= anchor + 10 %.
 
     .venv/bin/python benchmarks/load_memory.py [--layers 20] [--reps 3]

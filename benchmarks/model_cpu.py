@@ -5,7 +5,7 @@ GatedQwen model B. Where the two compute the same function, A's weights are mapp
 their logits agree before timing anything. The two models of a pair are then timed interleaved (A, B, A, B, ...) after
 a warm-up, and the table reports the medians and the ratio B/A of the times (above 1: B is slower).
 
-The bar of issue 2: B/A <= (FLOPs of B / FLOPs of A) + 0.03, for the training step and for decode. FLOPs per token are
+The bar: B/A <= (FLOPs of B / FLOPs of A) + 0.03, for the training step and for decode. FLOPs per token are
 counted from the models' `nn.Linear` layers plus the attention products (`flops_per_token`), so for pairs of the same
 function the bar is 1.03 and for a gate variant it is 1 + its extra FLOPs + 0.03.
 

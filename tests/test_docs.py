@@ -36,7 +36,7 @@ SLOW_PAGES = {"docs/analysis.md", "docs/kernel.md", "docs/conversion.md", "docs/
               "docs/loading.md"}
 # A net for a page whose examples hang, never the verdict on a slow machine: the slowest page (docs/analysis.md) takes
 # about 90 CPU-seconds (3 min of wall time at a load of 10 on 2 cores), and a machine shared with other jobs can be
-# 10x slower than that; 600 s once failed `make test` at a load of 15-22 (issue 32).
+# 10x slower than that; 600 s once failed `make test` at a load of 15-22.
 PAGE_TIMEOUT_S = 3600
 # Pages that are linked before they exist, while another issue writes them (remove an entry once its page lands).
 PAGES_BEING_WRITTEN: dict[str, str] = {}

@@ -1,16 +1,16 @@
-"""The seeds a row needs, from a committed report's per-seed numbers (issue 47; docs/analysis.md quotes the output).
+"""The seeds a row needs, from a committed report's per-seed numbers (docs/analysis.md quotes the output).
 
     .venv/bin/python benchmarks/reproduce/power.py [benchmarks/reproduce/confirm.json]
     .venv/bin/python benchmarks/reproduce/power.py --search runs/search47.jsonl   # table1-spread's tuning seeds
 
-- Each table-1 row (exact sign test): the fewest seeds at which the test says yes (or no) with 80% probability at
-  Holm's strictest level (5% over the report's tested rows), when each seed falls on the row's side of its threshold
-  with the chance seen in the report, k/n, and, less optimistically, (k+1)/(n+2); "none" when that chance is 1/2.
+- Each inconclusive sign-test row with numbers: the fewest seeds at which the test says yes (or no) with 80%
+  probability at Holm's strictest level (5% over the report's tested rows), when each seed falls on the row's side
+  of its threshold with the chance seen in the report, k/n, and, less optimistically, (k+1)/(n+2); "none" when that
+  chance is 1/2.
 - With --search: the same count for each table-1 comparison from search.py's table1-spread runs (the tuning seeds
   of the candidate it ran), at Holm's level over the committed confirmatory report's tested rows.
-- The failure row (exact McNemar test): the chance that the test keeps a verdict under Holm's correction at 30, 54
-  and 60 seeds, simulated (4,000 draws) with the against-variant failing at the report's rate and the variant never,
-  over the report's tested rows and seven fewer (the rows the next plan declares not testable here, less one new).
+- Each failure row (exact McNemar test): the chance that the test keeps a verdict under Holm's correction at 30, 40
+  and 60 seeds, simulated (4,000 draws) with the against-variant failing at the report's rate and the variant never.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from scipy.stats import binom
 
 from gated_qwen.analysis.miniature import stats
 
@@ -31,9 +32,12 @@ def seeds_for(chance: float, alpha: float, most: int = 2000) -> int | None:
     `chance` (None: not within `most`, or no number of seeds at a chance of one half)."""
     if abs(chance - 0.5) < 1e-12:
         return None
-    chance = max(chance, 1 - chance)
-    return next((n for n in range(6, most) if (k := stats.seeds_needed(n, alpha)) is not None
-                 and stats._binomial_at_least(k, n, chance) >= POWER), None)
+    n = np.arange(6, most)
+    other = binom.ppf(alpha / 2, n, 0.5)  # the most seeds on the other side at which the test rejects: that or one less
+    other = np.where(2 * binom.cdf(other, n, 0.5) <= alpha, other, other - 1)
+    power = np.where(other >= 0, binom.sf(n - other - 1, n, max(chance, 1 - chance)), 0.0)
+    found = np.flatnonzero(power >= POWER)
+    return int(n[found[0]]) if found.size else None
 
 
 def mcnemar_power(n: int, rate: float, alpha: float, draws: int = 4000, seed: int = 0) -> float:
@@ -72,20 +76,17 @@ def main(path: str = "benchmarks/reproduce/confirm.json") -> int:
     print(f"{path}: {tested} tested rows; Holm's strictest level {alpha:.2g}")
     for entry in judged:
         values = [e["value"] for e in entry["per_seed"].values() if e["value"] is not None]
-        if entry["name"].startswith("table1/") and entry["name"] != "table1/not-saturated":
+        if entry["test"] == "sign" and entry["verdict"] == "inconclusive" and values:
             side = sum((v < entry["threshold"]) if entry["side"] == "below" else (v > entry["threshold"])
                        for v in values)
             n = len(values)
             print(f"{entry['name']}: {side} of {n} on the paper's side; seeds needed "
                   f"{seeds_for(side / n, alpha)} (chance {side}/{n}) to {seeds_for((side + 1) / (n + 2), alpha)} "
                   f"(chance {side + 1}/{n + 2})")
-        if entry["test"] == "mcnemar":
-            m = entry["mcnemar"]
-            rate = m["against_failures"] / m["pairs"]
-            for rows in (tested, tested - 7):
-                print(f"{entry['name']}: against-variant failing at {rate:.3f}, the variant never; Holm over {rows} "
-                      "rows: power " + ", ".join(f"{n} seeds {mcnemar_power(n, rate, stats.ALPHA / rows):.2f}"
-                                                   for n in (30, 54, 60)))
+        if entry["test"] == "mcnemar" and entry["mcnemar"]["pairs"]:
+            rate = entry["mcnemar"]["against_failures"] / entry["mcnemar"]["pairs"]
+            print(f"{entry['name']}: against-variant failing at {rate:.3f}, the variant never; Holm over {tested} "
+                  "rows: power " + ", ".join(f"{n} seeds {mcnemar_power(n, rate, alpha):.2f}" for n in (30, 40, 60)))
     return 0
 
 

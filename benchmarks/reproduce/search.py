@@ -1,4 +1,4 @@
-"""The set-up searches of issue 36, on tuning seeds only (2-9; never evidence): the candidates of each new model
+"""The set-up searches, on tuning seeds only (2-9; never evidence): the candidates of each new model
 family, in the order declared here, with the rule that picks one, both written before any of them ran. Each run's
 set-up numbers go to one JSON line (`--out`, appended; runs already there are skipped, so a search resumes), and a
 table per family is printed. benchmarks/RESULTS.md reports what each search found.
@@ -21,12 +21,12 @@ Families and their rules:
 - long: a long-context baseline that recalls at its training length (256 tokens). Rule: the first candidate whose
   baseline's recall at the training length is above 0.9 on seed 2, then kept if baseline and G1 both are on seed 3.
 
-The searches of issue 47 (a set-up is chosen on enough seeds): each candidate's baseline alone, on the six tuning
+The searches that choose a set-up on enough seeds: each candidate's baseline alone, on the six tuning
 seeds 2-7; a candidate passes when its baseline passes the family's check on at least 5 of the 6 (`AT_LEAST`), and
 the rule picks the first candidate, in the order declared, that passes. Seeds run in order, and a candidate stops
 as soon as it is decided (5 passes, or 2 failures); a later candidate runs only while no earlier one has passed.
 - deep-sink-6: the sink in a deeper model, judged per head. Check: a head of the baseline (any layer) with F-Attn
-  above 0.5. Candidates: K1, issue 36's choice (D3: 4 layers of 4 heads of 16, 64 tokens), whose seeds 2 and 3
+  above 0.5. Candidates: K1, the first search's choice (D3: 4 layers of 4 heads of 16, 64 tokens), whose seeds 2 and 3
   passed (0.713, 0.537); K2 the same with QK-norm (the paper's architecture); K3 6 layers; K4 4 layers at 128 tokens.
   None passing: the family is not testable here.
 - table1-learned: a corpus table 1's models learn. Check: the baseline's held-out loss within 0.1 nats of the
@@ -57,7 +57,7 @@ from gated_qwen.analysis.miniature import corpora as data
 from gated_qwen.analysis.miniature import presets, runs
 
 MAIN = presets.MAIN
-# The long-context model of issue 30 (one layer, heads of 128, RoPE base 10k, 3000 steps at 32 tokens then 1000 at 256,
+# The first long-context model (one layer, heads of 128, RoPE base 10k, 3000 steps at 32 tokens then 1000 at 256,
 # one fact per 128 tokens), from which the long-context candidates start.
 LONG_CONTEXT_MODEL = replace(MAIN, head_dim=128, seq_len=256, steps=1000, short_stages=((32, 3000),),
                              extrapolation=(1, 2, 4), extrapolation_documents=64,
@@ -114,14 +114,14 @@ def _long():
     )]
 
 
-SIX = tuple(range(2, 8))  # issue 47's tuning seeds: a candidate passes on at least AT_LEAST of them
+SIX = tuple(range(2, 8))  # the six tuning seeds: a candidate passes on at least AT_LEAST of them
 AT_LEAST = 5
 
 
 def _deep_sink_six():
     model = dict(num_attention_heads=4, num_key_value_heads=4, head_dim=16, num_hidden_layers=4, seq_len=64, **EXTRA)
     return [(name, replace(MAIN, **{**model, **extra}), ("baseline",), (1e-2,), SIX) for name, extra in (
-        ("K1 4 layers, 64 tokens (issue 36's D3)", {}),
+        ("K1 4 layers, 64 tokens (D3)", {}),
         ("K2 4 layers, 64 tokens, QK-norm", dict(use_qk_norm=True)),
         ("K3 6 layers, 64 tokens", dict(num_hidden_layers=6)),
         ("K4 4 layers, 128 tokens", dict(seq_len=128)),
@@ -144,7 +144,7 @@ def _table1_spread():
 
 FAMILIES = {"table1": _table1, "deep-sink": _deep_sink, "mact": _mact, "stability": _stability, "long": _long,
             "deep-sink-6": _deep_sink_six, "table1-learned": _table1_learned, "table1-spread": _table1_spread}
-# The checks of issue 47's searches, on one run's set-up numbers (`summary`).
+# The checks of the six-seed searches, on one run's set-up numbers (`summary`).
 CHECKS = {"deep-sink-6": lambda row: row["f_attn_max_head"] > 0.5,
           "table1-learned": lambda row: row["heldout_loss"] - row["floor"] < 0.1}
 

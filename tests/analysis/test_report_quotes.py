@@ -25,7 +25,8 @@ from gated_qwen.analysis.miniature import stats
 from gated_qwen.analysis.miniature.directions import DIRECTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
-REPORTS = tuple(sorted(str(path.relative_to(ROOT)) for path in (ROOT / "benchmarks" / "reproduce").glob("*.json")))
+REPORTS = tuple(sorted(str(path.relative_to(ROOT)) for path in (ROOT / "benchmarks" / "reproduce").glob("*.json")
+                       if path.name != "seeds.json"))  # the seed ledger, not a report
 PAGES = ("README.md", "docs/analysis.md", "benchmarks/RESULTS.md")
 VERDICT = r"(yes|no|inconclusive|not testable here)"
 INLINE = re.compile(rf"`([a-z0-9/.\-]+)` \*\*{VERDICT}\*\*")

@@ -406,7 +406,7 @@ def _resident_mb(kind: str) -> float:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_PAGEOUT and /proc are Linux's")
 def test_release_pages_drops_a_split_tensors_mapped_pages_and_keeps_every_value(tmp_path):
     """The loader hands the packed q_proj over memory-mapped from the checkpoint; once split, its pages are given
-    back (issue 11's peak-memory goal) without changing what the tensor reads, file-backed or anonymous."""
+    back (benchmarks/load_memory.py's peak-memory goal) without changing what the tensor reads, file-backed or anonymous."""
     reference = torch.randn(4096, 2048)  # 32 MB
     reference.numpy().tofile(tmp_path / "q_proj.bin")
     mapped = torch.from_file(str(tmp_path / "q_proj.bin"), shared=False, size=reference.numel()).view(4096, 2048)

@@ -13,14 +13,14 @@ the interval: at n = 10 it is 97.9%). Below 6 seeds no such interval exists (at 
 only 93.75% of the time): the interval is then unbounded and the verdict inconclusive. The interval excludes a level
 `t` exactly when the two-sided exact sign test of "median = t" rejects at 1 - coverage, so the verdict is that test.
 
-The verdict (issue 30): **yes** when the interval lies wholly beyond the threshold in the paper's direction, **no**
+The verdict: **yes** when the interval lies wholly beyond the threshold in the paper's direction, **no**
 when it lies wholly beyond it the other way, **inconclusive** otherwise (a bound equal to the threshold does not
 exclude it). A monotone change of scale (a ratio or its logarithm) moves the order statistics with it, so the
 verdict on a ratio is the same as on the log-ratio. The row's p-value (`interval_p`) is the interval's own: the
 smallest 1 - coverage at which the interval excludes the threshold, so that p <= 5% exactly when the verdict is yes
 or no (a value on the threshold counts against excluding it, as in the interval).
 
-A failure rate (issue 36: a run fails, or not, per seed, for two variants trained on the same seeds) is judged by
+A failure rate (a run fails, or not, per seed, for two variants trained on the same seeds) is judged by
 the exact McNemar test (`mcnemar`): of the seeds where one variant fails and the other does not (the discordant
 pairs), the share that goes each way is Binomial(discordant, 1/2) when both fail equally often; the two-sided exact
 binomial test on them (SciPy's `binomtest`) gives the p-value, and the verdict is yes / no when p <= 5% and the
