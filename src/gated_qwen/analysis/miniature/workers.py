@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import select
 import shutil
 import signal
 import sys
@@ -59,14 +60,19 @@ def worker_started(parent: int) -> None:
     quiet_import_noise()
     sys.stderr = _WhileParentLives(sys.stderr, parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # SIGTERM is blocked in this thread and so in every thread started after it, and taken by the watcher below: a
-    # Python handler runs only in the main thread, between bytecodes, and the signal may land on any thread, so a
-    # worker whose main thread waits in C (on the task queue's lock, which a stopping pool holds) would never end.
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    # SIGTERM may land on any thread, the native ones the imports started (OpenBLAS's) included, and a Python handler
+    # runs only in the main thread, between bytecodes, which may be waiting in C (on the task queue's lock, which a
+    # stopping pool holds). So the handler does nothing but have Python's C-level handler, whichever thread runs it,
+    # write the signal to a wakeup pipe, and the watcher below ends the worker when it reads it.
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
+    signal.signal(signal.SIGTERM, lambda number, frame: None)
 
     def watch() -> None:
-        while os.getppid() == parent and signal.sigtimedwait({signal.SIGTERM}, 0.2) is None:
-            pass
+        while os.getppid() == parent:
+            if select.select([wake_read], [], [], 0.2)[0] and signal.SIGTERM in os.read(wake_read, 64):
+                break
         end_worker()
 
     threading.Thread(target=watch, name="gated-qwen-worker-watch", daemon=True).start()
