@@ -12,7 +12,7 @@ only), `analyze` and `eval-ppl` on 32-token windows of random ids (`--tokens`). 
 last line when not 0), peak resident memory over the largest input shard and wall time over copying the source's
 shards (`shutil.copyfile`, measured in the same run). Everything under --root is deleted.
 
-    nice -n 19 .venv-onnx/bin/python benchmarks/real_size.py 1b 1.7b [--root /tmp]   (make bench-real-size)
+    nice -n 19 .venv-onnx/bin/python benchmarks/real_size.py 1b 1.7b [--root /tmp] [--only onnx]   (make bench-real-size: all)
 """
 
 from __future__ import annotations
@@ -107,17 +107,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("sizes", nargs="+", choices=SIZES, help="each measured in turn")
     parser.add_argument("--root", default="/tmp", help="parent folder of the temporary checkpoints")
+    parser.add_argument("--only", default="", help="the steps whose name contains this (and the first, which makes "
+                        "the folder the others read), e.g. onnx")
     parser.add_argument("--write-to", help=argparse.SUPPRESS)  # internal: the writer child
     args = parser.parse_args()
     if args.write_to:
         print(json.dumps(write_release(Path(args.write_to), SIZES[args.sizes[0]])))
         return
     for size in args.sizes:
-        run(size, args.root)
+        run(size, args.root, args.only)
 
 
-def run(size: str, parent: str) -> None:
-    """Writes the checkpoint of `size` under `parent`, runs every step and prints its table; deletes it all."""
+def run(size: str, parent: str, only: str = "") -> None:
+    """Writes the checkpoint of `size` under `parent`, runs every step (the first and those named `only`) and prints
+    its table; deletes it all."""
     bin_dir = Path(sys.executable).parent
     cli = [str(bin_dir / "gated-qwen")]
     root = Path(tempfile.mkdtemp(prefix=f"real-size-{size}-", dir=parent))
@@ -153,6 +156,7 @@ def run(size: str, parent: str) -> None:
                                            str(root / "analysis")]),
                   ("eval-ppl --lengths 32", [*cli, "eval-ppl", str(gated), "--lengths", "32", "--sequences", "2",
                                              *tokens])]
+        steps = steps[:1] + [step for step in steps[1:] if only in step[0]]
         print("| step | exit | peak RSS GiB | RSS / largest shard | wall s | wall / copy |\n|---|---|---|---|---|---|")
         for name, argv in steps:
             r = measure(argv, cap)

@@ -95,6 +95,20 @@ def test_an_unexpected_failure_is_one_line_too_and_the_traceback_is_one_variable
         main(["card", "x"])
 
 
+def test_running_out_of_memory_midway_is_one_line_and_leaves_nothing(model64, tmp_path, monkeypatch, capsys):
+    """A MemoryError the memory check did not foresee (a library's own copies), raised after a shard was written:
+    one line saying so, not a bug report, and no DST."""
+    import gated_qwen.conversion as conversion
+
+    def half_written(plan, folder, *args, **kwargs):
+        (folder / "model-00001-of-00002.safetensors").write_bytes(b"partial")
+        raise MemoryError()
+
+    monkeypatch.setattr(conversion, "write_weights", half_written)
+    assert_refused(capsys, ["convert", str(model64), str(tmp_path / "out"), "--to", "qwen3_5"],
+                   "out of memory: this needs more memory than this process may use", tmp_path / "out", bars=True)
+
+
 def _parser_running(func):
     parser = build_parser()
     parser.set_defaults(func=func)

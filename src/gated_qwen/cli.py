@@ -116,9 +116,14 @@ def _run(args) -> int:
         # ModuleNotFoundError: an optional package that is not installed (the message names its extra)
         expected = (isinstance(error, (ValueError, OSError, ModuleNotFoundError))
                     or type(error).__name__.startswith("StrictDataclass"))
-        message = _one_line(error) if expected else (
-            f"unexpected {type(error).__name__}: {_one_line(error)} (please report this; GATED_QWEN_TRACEBACK=1 "
-            "shows where it happened)")
+        if expected:
+            message = _one_line(error)
+        elif isinstance(error, MemoryError):  # what the memory checks could not foresee (a library's own copies)
+            message = ("out of memory: this needs more memory than this process may use (the machine's, its "
+                       "cgroup's, `ulimit -v`); nothing was written; run it where more is free")
+        else:
+            message = (f"unexpected {type(error).__name__}: {_one_line(error)} (please report this; "
+                       "GATED_QWEN_TRACEBACK=1 shows where it happened)")
         print(f"gated-qwen: error: {message}", file=sys.stderr)
         return getattr(error, "exit_code", REFUSED)
 

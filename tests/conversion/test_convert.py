@@ -186,11 +186,11 @@ def test_bad_destination_is_refused_before_any_work(qwen3_sources, tmp_path, cap
 def test_disk_full_removes_the_partial_output_and_keeps_the_old_one(qwen3_sources, tmp_path, capsys, monkeypatch):
     from gated_qwen.conversion import io
 
-    def full_disk(tensors, filename, metadata=None):
-        Path(filename).write_bytes(b"\0" * 100)  # a partial shard
-        raise OSError(errno.ENOSPC, "No space left on device", str(filename))
+    def full_disk(path, plan, progress):
+        Path(path).write_bytes(b"\0" * 100)  # a partial shard
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-    monkeypatch.setattr(io, "save_file", full_disk)
+    monkeypatch.setattr(io, "_write_shard", full_disk)
     src, dst = qwen3_sources[False][0], tmp_path / "dst"
     assert_refused(capsys, ["convert", str(src), str(dst), "--from", "qwen3"],
                 f"No space left on the device that holds {str(tmp_path)!r} while writing DST {str(dst)!r}; the "

@@ -1,21 +1,23 @@
-"""Reads that take several calls: `Checkpoint.get` when `os.preadv` returns fewer bytes than asked (an injected
-reader) and for a tensor over 2 GiB (which Linux reads in at most 0x7ffff000 bytes a call), and `--verify`'s memory
-check, which counts the source's and the result's float32 models."""
+"""Reading and writing at size: `Checkpoint.get` when `os.preadv` returns fewer bytes than asked (an injected
+reader) and for a tensor over 2 GiB (which Linux reads in at most 0x7ffff000 bytes a call), `--verify`'s memory
+check, which counts the source's and the result's float32 models, and `write_weights`, which writes one tensor at
+a time the bytes `safetensors.torch.save_file` writes."""
 
 from __future__ import annotations
 
 import json
 import os
 import struct
+import weakref
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 import gated_qwen.conversion as conversion
 from gated_qwen import GatedQwenForCausalLM
 from gated_qwen.conversion import ConversionError, convert
-from gated_qwen.conversion.io import Checkpoint
+from gated_qwen.conversion.io import SAFETENSORS_DTYPES, Checkpoint, TensorPlan, write_weights
 from tests.conversion.conversion_helpers import load
 from tests.helpers import tiny_gated_folder
 
@@ -68,3 +70,30 @@ def test_verify_memory_counts_the_source_and_the_result(tmp_path, monkeypatch):
         convert(src, tmp_path / "verified", to_format="qwen3_5", verify=True)
     assert not (tmp_path / "verified").exists()
     convert(src, tmp_path / "unverified", to_format="qwen3_5", verify=False)
+
+
+def test_shards_are_safetensors_bytes_written_one_tensor_at_a_time(tmp_path):
+    """Every dtype, a scalar and an empty tensor, in shards: each file is byte for byte what save_file writes of the
+    same tensors, and no tensor is alive when the next is computed."""
+    torch.manual_seed(0)
+    tensors = {f"t{i}.{name}": torch.randn(3, 5).to(dtype) for i, (name, dtype) in enumerate(SAFETENSORS_DTYPES.items())}
+    tensors |= {"scalar": torch.tensor(2.5), "empty": torch.zeros(0, 4, dtype=torch.bfloat16)}
+    alive: list[weakref.ref] = []
+
+    def make(name: str):
+        def compute() -> torch.Tensor:
+            assert all(ref() is None for ref in alive), "the previous tensor is still held"
+            tensor = tensors[name].clone()
+            alive.append(weakref.ref(tensor))
+            return tensor
+        return compute
+
+    plan = {name: TensorPlan(tuple(t.shape), t.dtype, make(name)) for name, t in tensors.items()}
+    write_weights(plan, tmp_path, max_shard_size=64)
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) > 2 and sorted(index["weight_map"]) == sorted(tensors)
+    for file in files:
+        names = [name for name, f in index["weight_map"].items() if f == file]
+        save_file({name: tensors[name] for name in names}, tmp_path / "reference", metadata={"format": "pt"})
+        assert (tmp_path / file).read_bytes() == (tmp_path / "reference").read_bytes(), file

@@ -168,10 +168,10 @@ def _verify_by_default(ckpt) -> bool:
     return False
 
 
-def _check_memory(request: _Request, ckpt, plan: dict | None, shard_size: int | None, verify: bool | None) -> None:
+def _check_memory(request: _Request, ckpt, plan: dict | None, verify: bool | None) -> None:
     """Refuses, from the sizes alone and before any tensor is read, a conversion that would not fit in the memory
     this process may use (the machine's, its cgroup's, `ulimit -v`), naming SRC's largest tensor. A plan streams:
-    one output shard (`shard_size`, at least the largest output tensor) and the source tensor read for it; an
+    the largest output tensor and the source tensor read for it; an
     export without a plan (`--to onnx`) builds the whole float32 model from the float32 weights; `verify` (on by
     default up to `VERIFY_MAX_PARAMETERS`) builds the source's and the result's float32 models."""
     available = available_memory("cpu")
@@ -182,11 +182,7 @@ def _check_memory(request: _Request, ckpt, plan: dict | None, shard_size: int | 
         needed, held = 8 * ckpt.parameter_count, "the whole model in float32 and its weights as read"
     else:
         biggest = max((p.nbytes for p in plan.values()), default=0)
-        total = sum(p.nbytes for p in plan.values())
-        shard = max(biggest, min(shard_size or max(1, ckpt.largest_file_bytes // 2), total))
-        needed, held = shard + largest.nbytes, "one output shard and the tensor read for it"
-        if biggest + largest.nbytes <= available[0] < needed:
-            held += f"; a --max-shard-size of {(available[0] - largest.nbytes) / 2**30:.1f}GiB or less would fit"
+        needed, held = biggest + largest.nbytes, "the largest output tensor and the tensor read for it"
     if (ckpt.parameter_count <= VERIFY_MAX_PARAMETERS if verify is None else verify) and plan is not None:
         needed, held = max(needed, 8 * ckpt.parameter_count), held + "; --verify: both models in float32"
     if needed > available[0]:
@@ -260,7 +256,7 @@ def _write_file(request: _Request, src, dst, *, overwrite: bool, allow_pickle: b
         ckpt = Checkpoint(src, allow_pickle=allow_pickle)
         carried = files_to_carry(src)[0] if folder else {}
         check_source(ckpt, request.source)
-        _check_memory(request, ckpt, None if folder else {}, None, verify)
+        _check_memory(request, ckpt, None if folder else {}, verify)
         verify = _verify_by_default(ckpt) if verify is None else verify
         vocab_size, report = request.fmt.writing.write(ckpt, tmp, **request.options)
         carry_files(carried, tmp)
@@ -293,8 +289,8 @@ def convert(
     Exactly one of `from_format` (import into GatedQwen; one of `FROM_FORMATS`) and `to_format` (export a GatedQwen
     checkpoint; one of `TO_FORMATS`). `add_gate`: only with `from_format="qwen3"` (or `"qwen3_moe"`), `"elementwise"`,
     `"headwise"` or a dict / JSON object of gate fields. `max_shard_size` (bytes or e.g. `"2GB"`) defaults to half
-    the size of the largest weight file of `src`: peak memory is about one output shard plus the imports (~0.45 GB),
-    which keeps it within 1.5x the largest input shard for shards of 0.5 GB or more. SRC's tokenizer, generation and
+    the size of the largest weight file of `src`; the tensors are written one at a time, so peak memory is about the
+    largest tensor plus the imports (~0.45 GB). SRC's tokenizer, generation and
     licence files are carried into `dst`, and its own `*.py` code only with `carry_code` (said when done).
     `export_options`: the options of the format exported to (`FORMATS[to_format].export_options`, which
     `gated-qwen convert --help` lists), e.g. `allow_o_proj_bias=True` with `to_format="qwen3_5"`. Raises `ConversionError` (a `ValueError`) with the reason, and `VerificationError` if
@@ -313,7 +309,7 @@ def convert(
         carried, code_left = files_to_carry(src, carry_code)  # refused now, not after the slow part
         config, plan = _plan(request, ckpt)
         check_source(ckpt, request.source, None if request.export else config)
-        _check_memory(request, ckpt, plan, shard_size, verify)
+        _check_memory(request, ckpt, plan, verify)
         verify = _verify_by_default(ckpt) if verify is None else verify
         _write(request, ckpt, config, plan, tmp, shard_size)
         copied = carry_files(carried, tmp)

@@ -69,8 +69,7 @@ def register(subparsers) -> None:
                         help=f"compare source and result logits (tolerance {VERIFY_RTOL:g} relative to the largest "
                              f"logit); default: on up to {VERIFY_MAX_PARAMETERS // 10**6}M parameters")
     parser.add_argument("--max-shard-size", default=None, metavar="SIZE",
-                        help="largest output shard, e.g. 2GB (default: half the largest weight file of SRC; peak "
-                             "memory is about one output shard)")
+                        help="largest output shard, e.g. 2GB (default: half the largest weight file of SRC)")
     for option in export_options().values():  # each format's own, declared in its module
         value = {"action": "store_true"} if option.metavar is None else {"metavar": option.metavar, "type": option.type}
         parser.add_argument(option.flag, dest=option.name, default=None, **value,

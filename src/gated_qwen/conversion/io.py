@@ -2,11 +2,10 @@
 
 `Checkpoint` lists a folder's tensors (names, shapes, dtypes) from the safetensors headers, read with plain reads
 (nothing is mapped, so a file larger than the memory is listed, and refused by the memory check, like any other),
-and `get(name)` reads that one tensor's bytes, through the handle opened when the file was checked. `write_weights` computes the output tensors shard by shard
-from a plan (`name -> TensorPlan`) and saves each shard with `safetensors.torch.save_file` into a staging folder
-(`gated_qwen.files`). Peak memory is about one output shard (plus the imports); by default an output shard is at
-most half the largest input file. Every way a folder can be unreadable (config.json, the index, a shard, a pickle)
-is a `ConversionError` that names the file.
+and `get(name)` reads that one tensor's bytes, through the handle opened when the file was checked. `write_weights`
+computes the output tensors from a plan (`name -> TensorPlan`) one at a time, each written into its shard in a staging
+folder (`gated_qwen.files`) as it is computed: peak memory is about the largest tensor (plus the imports). Every way a
+folder can be unreadable (config.json, the index, a shard, a pickle) is a `ConversionError` that names the file.
 
 SRC's files are the regular files inside SRC: a link is followed only when it stays inside SRC (or, in a Hugging
 Face cache snapshot or a sub-folder of one, inside the repository's `blobs/`, where a snapshot's links point); a
@@ -19,11 +18,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import json
 import math
 import os
 import re
 import shutil
 import stat
+import struct
 import weakref
 import zipfile
 from collections.abc import Callable
@@ -33,7 +34,6 @@ from pathlib import Path
 
 import torch
 from huggingface_hub import split_state_dict_into_shards_factory
-from safetensors.torch import save_file
 from tqdm.auto import tqdm
 from transformers.dynamic_module_utils import get_relative_import_files
 
@@ -43,11 +43,14 @@ from ..files.reading import safetensors_header
 from ..model import modeling_gated, modeling_gated_moe
 from .errors import ConversionError
 
+# In the order safetensors writes a file's tensors (then by name), as `write_weights` does.
 SAFETENSORS_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+    "I64": torch.int64, "F64": torch.float64, "F32": torch.float32, "I32": torch.int32, "BF16": torch.bfloat16,
+    "F16": torch.float16, "I16": torch.int16, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+    "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
 }
+_DTYPE_NAMES = {dtype: name for name, dtype in SAFETENSORS_DTYPES.items()}
+_DTYPE_ORDER = {dtype: rank for rank, dtype in enumerate(SAFETENSORS_DTYPES.values())}
 
 # Files carried over unchanged from the source folder: tokenizer, generation defaults, licence (never code: a `*.py`
 # file is carried only when asked, `carry_code`).
@@ -373,16 +376,34 @@ def write_weights(plan: dict[str, TensorPlan], folder: Path, max_shard_size: int
     total = sum(p.nbytes for p in plan.values())
     with tqdm(total=total, unit="B", unit_scale=True, desc=desc) as progress:
         for filename, names in split.filename_to_tensors.items():
-            # No reference may outlive its shard: a tensor read from a memory-mapped file keeps the pages of that
-            # file that were touched resident for as long as it lives.
-            shard = {name: _compute(name, plan[name]) for name in names}
-            save_file(shard, folder / filename, metadata={"format": "pt"})
-            progress.update(sum(plan[name].nbytes for name in names))
-            del shard
+            _write_shard(folder / filename, {name: plan[name] for name in names}, progress)
             _return_freed_memory()
     if split.is_sharded:
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(split.tensor_to_filename.items()))}
         write_json(folder / "model.safetensors.index.json", index)
+
+
+def _write_shard(path: Path, plan: dict[str, TensorPlan], progress: tqdm) -> None:
+    """Writes `plan`'s tensors as the safetensors file `safetensors.torch.save_file` writes (the same bytes: the header
+    from the planned shapes and dtypes, the tensors in its order), computing one tensor at a time: `save_file` holds
+    a copy of the whole shard. No tensor outlives its write: one read from a memory-mapped file keeps the pages of
+    that file it touched resident for as long as it lives."""
+    order = sorted(plan, key=lambda name: (_DTYPE_ORDER[plan[name].dtype], name))
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for name in order:
+        end = offset + plan[name].nbytes
+        header[name] = {"dtype": _DTYPE_NAMES[plan[name].dtype], "shape": list(plan[name].shape),
+                        "data_offsets": [offset, end]}
+        offset = end
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as out:
+        out.write(struct.pack("<Q", len(text)) + text)
+        for name in order:
+            tensor = _compute(name, plan[name])
+            out.write(tensor.reshape(-1).view(torch.uint8).numpy())
+            del tensor
+            progress.update(plan[name].nbytes)
 
 
 def _return_freed_memory() -> None:

@@ -23,7 +23,6 @@ import json
 import re
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from transformers.cache_utils import DynamicCache
@@ -36,11 +35,7 @@ from ...model.modeling_gated_moe import GatedQwenMoeForCausalLM
 from ..errors import ConversionError, import_extra
 from ..export_steps import load_gated_config
 from ..format_types import FileWriting, Format
-
-if TYPE_CHECKING:
-    import torch
-
-    from ..io import Checkpoint
+from ..io import Checkpoint
 
 OPSET = 18
 MODEL_FILE = "model.onnx"
@@ -168,9 +163,6 @@ def write(ckpt: Checkpoint, folder: Path) -> tuple[int, str]:
     """`gated-qwen convert SRC DST --to onnx` (`FileWriting.write`, a folder): `model.onnx` traced from SRC's model and
     SRC's config.json into `folder`, the graph's inputs and outputs checked by ONNX Runtime; returns the vocabulary
     size and the line that reports it."""
-
-
-
     _onnxruntime()
     model = load_model(ckpt)
     layers, vocab_size, model_type = model.config.num_hidden_layers, model.config.vocab_size, model.config.model_type
@@ -217,16 +209,17 @@ def _finish_graph(folder: Path, weights: int) -> None:
 
 
 def session(folder: Path, file: str = MODEL_FILE):
-    """An ONNX Runtime session of the folder's graph on the CPU."""
+    """An ONNX Runtime session of the folder's graph on the CPU, its weights not pre-packed (a second copy of each
+    matrix: the checks run a few sequences, and a model of 1.7B parameters fits in memory once, not twice)."""
     onnxruntime = _onnxruntime()
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3
+    options.add_session_config_entry("session.disable_prepacking", "1")
     return onnxruntime.InferenceSession(str(folder / file), options, providers=["CPUExecutionProvider"])
 
 
 def check_graph(folder: Path) -> None:
     """The graph holds exactly Optimum's decoder inputs and outputs for the folder's config.json."""
-
     config = json.loads((folder / "config.json").read_text())
     layers = config["num_hidden_layers"]
     graph = session(folder)
@@ -246,7 +239,6 @@ def empty_past(config: dict, batch: int) -> dict:
 def onnx_logits(folder: Path, input_ids: torch.Tensor) -> torch.Tensor:
     """`input_ids: [B, S]` -> float32 logits `[B, S, vocab]` computed by ONNX Runtime from the folder's graph (no
     past): the `--verify` of `--to onnx`."""
-
     import numpy as np
 
     config = json.loads((Path(folder) / "config.json").read_text())
