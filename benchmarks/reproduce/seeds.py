@@ -65,10 +65,11 @@ def main(argv: list[str] | None = None) -> int:
         LEDGER.write_text(json.dumps(derive(), indent=1) + "\n")
         return 0
     from gated_qwen.analysis.miniature.presets import PLANS
+    from gated_qwen.analysis.miniature.verdicts import seed_list
 
     found = reused(PLANS[args.check], json.loads(LEDGER.read_text()))
     if found:
-        listed = "; ".join(f"{name}: {', '.join(map(str, seeds))}" for name, seeds in found.items())
+        listed = "; ".join(f"{name}: {seed_list(seeds)}" for name, seeds in found.items())
         print(f"--preset {args.check} trains seeds an earlier run used ({listed}; benchmarks/reproduce/seeds.json); "
               "choose seeds outside the ledger.", file=sys.stderr)
         return 2

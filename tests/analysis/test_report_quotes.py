@@ -1,5 +1,6 @@
-"""README.md, docs/analysis.md and benchmarks/RESULTS.md quote the committed reports of `make demo` and `make confirm`
-(`benchmarks/reproduce/demo.json` and `confirm.json`, each a run's `directions.json`) word for word: the table after a
+"""Each committed report of `make demo` and `make confirm` (`benchmarks/reproduce/*.json`, each a run's
+`directions.json`) has its page beside it (`demo.md`, `confirm.md`, ...), which `benchmarks/reproduce/quote.py` writes
+from it. README.md, docs/analysis.md and benchmarks/RESULTS.md quote the reports word for word: the table after a
 `<!-- quotes: FILE[: NAMES] -->` marker is that report's table (of those rows) exactly as
 `miniature.verdicts.directions_table` renders it (`benchmarks/reproduce/quote.py` writes it), every
 "`name` **verdict**" in the text says the raw verdict of the report whose marker came last and every
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "reproduce"))
-from quote import MARKER, quoted_table  # noqa: E402
+from quote import MARKER, quoted_table, report_page  # noqa: E402
 
 from gated_qwen.analysis.miniature import stats
 from gated_qwen.analysis.miniature.directions import DIRECTIONS
@@ -125,12 +126,22 @@ def test_each_report_names_the_committed_rows_it_ran(name):
         assert pending(name), f"directions.py changed since {name} was run, and not by adding rows"
 
 
-def test_the_confirmatory_evidence_is_fresh():
-    """No seed of the confirmatory run's evidence is a seed the demo reports."""
-    demo, confirm = report("benchmarks/reproduce/demo.json"), report("benchmarks/reproduce/confirm.json")
+@pytest.mark.parametrize("name", [name for name in REPORTS if report(name)["meta"]["preset"] == "confirm"])
+def test_the_confirmatory_evidence_is_fresh(name):
+    """No seed of a confirmatory run's evidence is a seed the demo reports."""
+    demo = report("benchmarks/reproduce/demo.json")
     demo_seeds = {seed for entry in demo["directions"] for seed in entry["seeds"]}
-    confirm_seeds = {seed for entry in confirm["directions"] for seed in entry["seeds"]}
+    confirm_seeds = {seed for entry in report(name)["directions"] for seed in entry["seeds"]}
     assert confirm_seeds and not demo_seeds & confirm_seeds
+
+
+@pytest.mark.parametrize("name", REPORTS)
+def test_each_report_has_its_page_beside_it(name):
+    """`demo.md` beside `demo.json` (and so on) is what quote.py writes from the report now, and names every row."""
+    path = ROOT / name
+    page = path.with_suffix(".md").read_text()
+    assert page == report_page(path), f"{path.with_suffix('.md').name}: run benchmarks/reproduce/quote.py"
+    assert all(f"`{entry['name']}`" in page for entry in report(name)["directions"])
 
 
 @pytest.mark.parametrize("page", PAGES)

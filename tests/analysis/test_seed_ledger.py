@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks" / "reproduce"))
 import seeds  # noqa: E402
@@ -26,8 +28,8 @@ def test_ledger_holds_every_committed_seed():
             for family, used in report["meta"]["seeds"].items():
                 assert set(used) <= ledger, (path.name, family)
                 assert set(report["plan"]["families"][family]["tuning_seeds"]) <= ledger, (path.name, family)
-    # the confirmatory report before this ledger: main, qk-norm and mact on 30-41, four-layer 120-131, stability 60-119
-    assert {*range(30, 42), *range(60, 132)} <= ledger
+    # confirm-30-41.json: main, qk-norm and mact on 30-41, four-layer 120-131, stability 60-119; confirm.json: 1000-1039
+    assert {*range(30, 42), *range(60, 132), *range(1000, 1040)} <= ledger
 
 
 def test_reused_seeds_are_named():
@@ -38,9 +40,11 @@ def test_reused_seeds_are_named():
     assert seeds.reused(plan, ledger) == {"main": [30, 31]}
 
 
-def test_check_refuses_in_one_line():
-    # the demo's preset trains seeds 10-21, which its committed report used
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "reproduce" / "seeds.py"), "--check", "default"],
+@pytest.mark.parametrize(("preset", "used"), [("default", "main: 10-21;"), ("confirm", "six-layer: 1000-1011;")])
+def test_check_refuses_a_preset_whose_report_is_committed_in_one_line(preset, used):
+    """demo.json ran the default preset's seeds and confirm.json the confirm preset's, so both are refused: `make
+    confirm` (which checks first) refuses until a plan declares seeds outside the ledger."""
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "reproduce" / "seeds.py"), "--check", preset],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 2 and done.stdout == "", done
-    assert done.stderr.count("\n") == 1 and "main: 10, 11" in done.stderr and "Traceback" not in done.stderr
+    assert done.stderr.count("\n") == 1 and used in done.stderr and "Traceback" not in done.stderr
