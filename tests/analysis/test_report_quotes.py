@@ -147,7 +147,10 @@ def test_each_report_has_its_page_beside_it(name):
 @pytest.mark.parametrize("page", PAGES)
 def test_the_pages_quote_the_committed_reports_word_for_word(page):
     judged = {name: {d["name"]: d for d in report(name)["directions"]} for name in REPORTS}
-    lines = (ROOT / page).read_text().splitlines()
+    text = (ROOT / page).read_text()
+    split = re.findall(rf"`[a-z0-9/.\-]+`(?: Holm)?\s*\n\s*(?:Holm\s+)?\*\*{VERDICT}\*\*", text)
+    assert not split, f"{page}: a quoted verdict split over two lines is checked by nothing: {split}"
+    lines = text.splitlines()
     source, quoted = None, 0
     for number, line in enumerate(lines, start=1):
         if marker := MARKER.search(line):

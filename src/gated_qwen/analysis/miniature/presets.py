@@ -166,7 +166,7 @@ PLANS: dict[str, Plan] = {
         Family("six-layer", replace(MACT, seeds=EXPLORATORY_SEEDS), ("g1-elementwise",)),
     ), untestable=(NO_DEEP, NO_LONG_CONTEXT)),
     # For a GPU: the paper's architecture (QK-norm, grouped-query attention) wider and deeper, on the same corpus,
-    # to see whether the miniature's directions hold at that shape (not run yet; time estimate in docs/analysis.md).
+    # to see whether the miniature's directions hold at that shape (not run yet; time estimate in benchmarks/RESULTS.md).
     "large": Plan((Family("main", Preset(
         hidden_size=256, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4, head_dim=32,
         intermediate_size=768, use_qk_norm=True, seq_len=256, batch_size=32, steps=4000, learning_rates=(2e-3, 1e-2),
