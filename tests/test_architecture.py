@@ -292,25 +292,19 @@ def test_no_module_of_the_file_safety_library_is_longer_than_400_lines():
     assert lengths and max(lengths.values()) <= 400, lengths
 
 
-def test_contributings_layout_names_every_module_of_the_package():
-    """CONTRIBUTING.md's layout section matches the tree: it names every module of src/gated_qwen (by its file name,
-    in the block of its folder), and every folder of the repository it lists exists."""
-    text = (PACKAGE.parents[1] / "CONTRIBUTING.md").read_text()
+def test_contributings_layout_names_every_folder():
+    """CONTRIBUTING.md's layout matches the tree, folder by folder: each folder of src/gated_qwen that holds modules
+    is listed under its parent (by indentation), and every folder it lists exists."""
+    root = PACKAGE.parents[1]
+    text = (root / "CONTRIBUTING.md").read_text()
     layout = text[text.index("## Layout"):].split("```text\n", 1)[1].split("```", 1)[0]
-    blocks, folders = {}, []  # folders: those of the package the current line lies in, outermost first
-    for line in layout.splitlines()[1:]:
-        indent, first = len(line) - len(line.lstrip()), line.split()[0] if line.strip() else ""
-        entry = first and indent <= 6  # at indent 2k: k folders deep in the package (0: a folder of the repository)
-        if entry:
-            folders = folders[: max(indent // 2 - 1, 0)]
-        blocks["".join(folders)] = blocks.get("".join(folders), "") + line + "\n"
-        if entry and indent >= 2 and first.endswith("/"):
-            folders.append(first)
-    missing = [path.relative_to(PACKAGE).as_posix() for path in sorted(PACKAGE.rglob("*.py"))
-               if path.name != "__init__.py" and re.search(
-                   rf"(?<![\w.]){re.escape(path.name)}\b",
-                   blocks.get("" if path.parent == PACKAGE else f"{path.parent.relative_to(PACKAGE).as_posix()}/", ""))
-               is None]
-    assert not missing, f"CONTRIBUTING.md's layout does not name {missing}"
-    listed = re.findall(r"^(\S+)/\s", layout, re.M)
-    assert [name for name in listed if not (PACKAGE.parents[1] / name).is_dir()] == []
+    listed, parents = [], []  # parents: the folders the current line lies in, outermost first
+    for line in layout.splitlines():
+        indent, name = len(line) - len(line.lstrip()), line.split()[0]
+        parents = parents[: indent // 2]
+        if name.endswith("/"):
+            listed.append("".join(parents) + name)
+            parents.append(name)
+    package = {(path.parent.relative_to(root).as_posix() + "/") for path in PACKAGE.rglob("*.py")}
+    assert sorted(package - set(listed)) == []
+    assert [name for name in listed if not (root / name).is_dir()] == []

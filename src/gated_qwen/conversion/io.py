@@ -377,7 +377,7 @@ def write_weights(plan: dict[str, TensorPlan], folder: Path, max_shard_size: int
     with tqdm(total=total, unit="B", unit_scale=True, desc=desc) as progress:
         for filename, names in split.filename_to_tensors.items():
             _write_shard(folder / filename, {name: plan[name] for name in names}, progress)
-            _return_freed_memory()
+            return_freed_memory()
     if split.is_sharded:
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(split.tensor_to_filename.items()))}
         write_json(folder / "model.safetensors.index.json", index)
@@ -406,7 +406,7 @@ def _write_shard(path: Path, plan: dict[str, TensorPlan], progress: tqdm) -> Non
             progress.update(plan[name].nbytes)
 
 
-def _return_freed_memory() -> None:
+def return_freed_memory() -> None:
     """Asks glibc to hand freed heap memory back to the OS (it keeps freed blocks of a few MB otherwise, so the
     copies made for one shard would stay resident during the next). Best effort: a no-op elsewhere."""
     try:

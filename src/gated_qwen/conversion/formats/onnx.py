@@ -19,8 +19,10 @@ Transformers; `make test-onnx` (tests/engine_onnx) checks generation with the KV
 
 from __future__ import annotations
 
+import gc
 import json
 import re
+import shutil
 import warnings
 from pathlib import Path
 
@@ -35,7 +37,7 @@ from ...model.modeling_gated_moe import GatedQwenMoeForCausalLM
 from ..errors import ConversionError, import_extra
 from ..export_steps import load_gated_config
 from ..format_types import FileWriting, Format
-from ..io import Checkpoint
+from ..io import Checkpoint, return_freed_memory
 
 OPSET = 18
 MODEL_FILE = "model.onnx"
@@ -75,8 +77,6 @@ def load_model(ckpt: Checkpoint):
     """The GatedQwen / GatedQwen-MoE model of `ckpt` in float32 (SDPA; a mixture of experts with `batched_mm`
     experts), its weights read through the checkpoint's checked files (one tensor per expert on disk stacked as
     the model holds them)."""
-
-
     config = load_gated_config(ckpt, moe=True)
     sliding = [i for i, kind in enumerate(config.layer_types) if kind != "full_attention"]
     if sliding:
@@ -173,7 +173,10 @@ def write(ckpt: Checkpoint, folder: Path) -> tuple[int, str]:
                           dynamo=False)
     weights = sum(p.numel() * 4 for p in model.parameters())  # a tied embedding once
     del model
+    gc.collect()  # the traced wrapper and the model refer to each other
+    return_freed_memory()
     _finish_graph(folder, weights)
+    return_freed_memory()
     write_json(folder / "config.json", {k: v for k, v in ckpt.config.items() if k != "auto_map"})  # no code here
     check_graph(folder)
     where = f"weights in {DATA_FILE}" if (folder / DATA_FILE).exists() else "weights inside"
@@ -184,24 +187,45 @@ def write(ckpt: Checkpoint, folder: Path) -> tuple[int, str]:
 def _finish_graph(folder: Path, weights: int) -> None:
     """The exported graph as written: a tied embedding stored once (the exporter folds the lm_head's transpose of it
     into a second copy, which becomes a Transpose of the one embedding), and past `EXTERNAL_DATA_BYTES` of weights
-    the initializers in one `DATA_FILE` beside the graph (PyTorch's exporter writes a file per tensor when its own
-    graph passes 2 GiB; Optimum and ONNX Runtime read one file)."""
+    the initializers in one `DATA_FILE` beside the graph, each at a page boundary (PyTorch's exporter writes a file
+    per tensor when its own graph passes 2 GiB; Optimum and ONNX Runtime read one file). The exporter's files are
+    read mapped and copied, never loaded: the weights are in memory once, in ONNX Runtime's check."""
+    import numpy as np
     import onnx
-    from onnx import helper, numpy_helper
+    from onnx import external_data_helper, helper, numpy_helper
 
-    graph = onnx.load(str(folder / MODEL_FILE), load_external_data=True)
-    for path in set(folder.iterdir()) - {folder / MODEL_FILE}:
-        path.unlink()  # the exporter's files of one tensor each
+    graph = onnx.load(str(folder / MODEL_FILE), load_external_data=False)
     initializers = graph.graph.initializer
+
+    def values(tensor) -> np.ndarray:
+        if not external_data_helper.uses_external_data(tensor):
+            return numpy_helper.to_array(tensor)
+        return np.memmap(folder / external_data_helper.ExternalDataInfo(tensor).location, mode="r",
+                         dtype=helper.tensor_dtype_to_np_dtype(tensor.data_type), shape=tuple(tensor.dims))
+
     embedding = next((i for i in initializers if i.name.endswith("embed_tokens.weight")), None)
     if embedding is not None and len(embedding.dims) == 2:
-        rows = numpy_helper.to_array(embedding)
+        rows = values(embedding)
         for copy in [i for i in initializers if list(i.dims) == list(reversed(embedding.dims)) and i is not embedding]:
-            if (numpy_helper.to_array(copy) == rows.T).all():
+            if np.array_equal(values(copy), rows.T):
                 initializers.remove(copy)
                 graph.graph.node.insert(0, helper.make_node("Transpose", [embedding.name], [copy.name], perm=[1, 0]))
         del rows
-    if weights <= EXTERNAL_DATA_BYTES:
+    exported = [i for i in initializers if external_data_helper.uses_external_data(i)]
+    if exported:
+        with open(folder / DATA_FILE, "wb") as data:
+            for tensor in exported:
+                data.write(bytes(-data.tell() % 4096))
+                offset = data.tell()
+                with open(folder / external_data_helper.ExternalDataInfo(tensor).location, "rb") as part:
+                    shutil.copyfileobj(part, data, 2**24)
+                del tensor.external_data[:]
+                for key, value in (("location", DATA_FILE), ("offset", offset), ("length", data.tell() - offset)):
+                    tensor.external_data.add(key=key, value=str(value))
+        for path in set(folder.iterdir()) - {folder / MODEL_FILE, folder / DATA_FILE}:
+            path.unlink()  # the exporter's files of one tensor each, and the copy of the embedding
+        onnx.save_model(graph, str(folder / MODEL_FILE))
+    elif weights <= EXTERNAL_DATA_BYTES:
         onnx.save_model(graph, str(folder / MODEL_FILE))
     else:
         onnx.save_model(graph, str(folder / MODEL_FILE), save_as_external_data=True, all_tensors_to_one_file=True,
@@ -210,11 +234,13 @@ def _finish_graph(folder: Path, weights: int) -> None:
 
 def session(folder: Path, file: str = MODEL_FILE):
     """An ONNX Runtime session of the folder's graph on the CPU, its weights not pre-packed (a second copy of each
-    matrix: the checks run a few sequences, and a model of 1.7B parameters fits in memory once, not twice)."""
+    matrix) and without a memory arena: the checks run a few sequences, and a model of 1.7B parameters fits in
+    memory once, not twice."""
     onnxruntime = _onnxruntime()
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3
     options.add_session_config_entry("session.disable_prepacking", "1")
+    options.enable_cpu_mem_arena = False  # an arena keeps what it grew to
     return onnxruntime.InferenceSession(str(folder / file), options, providers=["CPUExecutionProvider"])
 
 
