@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from gated_qwen import GatedQwenForCausalLM
 from gated_qwen.conversion import ConversionError, convert
 from tests.helpers import TINY, assert_nothing_written
 from tests.helpers import randomize_ as randomize_weights_
@@ -33,6 +34,13 @@ def randomize_(model: torch.nn.Module, seed: int = 0, norm_center: float = 1.0) 
 def logits(model: torch.nn.Module) -> torch.Tensor:
     with torch.no_grad():
         return model(IDS).logits
+
+
+def gated_logits(folder: Path, input_ids: torch.Tensor) -> torch.Tensor:
+    """The float32 logits of the GatedQwen folder on `input_ids` (what an engine's own forward is held against)."""
+    model = GatedQwenForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(input_ids).logits
 
 
 def load(cls, folder: Path):

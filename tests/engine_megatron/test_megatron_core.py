@@ -22,7 +22,7 @@ from safetensors.torch import load_file  # noqa: E402
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM  # noqa: E402
 from gated_qwen.conversion import convert  # noqa: E402
 from gated_qwen.conversion.formats.megatron import open_megatron  # noqa: E402
-from tests.conversion.conversion_helpers import TINY, randomize_  # noqa: E402
+from tests.conversion.conversion_helpers import TINY, gated_logits, randomize_  # noqa: E402
 
 HERE = Path(__file__).parent
 FIXTURES = HERE.parent / "conversion" / "formats" / "megatron"
@@ -32,12 +32,6 @@ PARITY = 1e-5
 def megatron(*args: str) -> None:
     """megatron_cpu.py ARGS in a process of its own (its writers and tensor-parallel ranks are processes)."""
     subprocess.run([sys.executable, str(HERE / "megatron_cpu.py"), *args], check=True, timeout=900)
-
-
-def gated_logits(folder: Path, input_ids: torch.Tensor) -> torch.Tensor:
-    model = GatedQwenForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    with torch.no_grad():
-        return model(input_ids).logits
 
 
 @pytest.fixture(scope="module")

@@ -21,18 +21,12 @@ from safetensors.torch import load_file  # noqa: E402
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM  # noqa: E402
 from gated_qwen.conversion import convert  # noqa: E402
 from gated_qwen.conversion.dcp import DcpCheckpoint  # noqa: E402
-from tests.conversion.conversion_helpers import TINY, randomize_  # noqa: E402
+from tests.conversion.conversion_helpers import TINY, gated_logits, randomize_  # noqa: E402
 from tests.engine_olmo.olmo_cpu import INPUT_IDS, fixtures, load_and_run  # noqa: E402
 
 FIXTURES = Path(__file__).parents[1] / "conversion" / "formats" / "olmo_core"
 PARITY = 1e-5
 GRANULARITIES = ["elementwise", "headwise"]
-
-
-def gated_logits(folder: Path, input_ids: torch.Tensor) -> torch.Tensor:
-    model = GatedQwenForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    with torch.no_grad():
-        return model(input_ids).logits
 
 
 @pytest.fixture(scope="module")

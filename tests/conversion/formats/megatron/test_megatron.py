@@ -24,17 +24,11 @@ from gated_qwen.conversion import convert
 from gated_qwen.conversion.dcp import DcpCheckpoint, write_dcp
 from gated_qwen.conversion.formats.megatron import megatron_logits, open_megatron
 from gated_qwen.conversion.io import TensorPlan
-from tests.conversion.conversion_helpers import TINY, randomize_
+from tests.conversion.conversion_helpers import TINY, gated_logits, randomize_
 from tests.helpers import assert_refused
 
 HERE = Path(__file__).parent
 PARITY = 1e-5  # max |logit difference| in float32, the bar
-
-
-def gated_logits(folder: Path, input_ids: torch.Tensor) -> torch.Tensor:
-    model = GatedQwenForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    with torch.no_grad():
-        return model(input_ids).logits
 
 
 @pytest.mark.parametrize("save", ["tp1", "tp2"])

@@ -18,17 +18,11 @@ from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM
 from gated_qwen.conversion import convert
 from gated_qwen.conversion.dcp import DcpCheckpoint
 from gated_qwen.conversion.formats.olmo_core import olmo_logits, open_olmo
-from tests.conversion.conversion_helpers import TINY, randomize_
+from tests.conversion.conversion_helpers import TINY, gated_logits, randomize_
 from tests.helpers import assert_refused
 
 HERE = Path(__file__).parent
 PARITY = 1e-5
-
-
-def gated_logits(folder: Path, input_ids: torch.Tensor) -> torch.Tensor:
-    model = GatedQwenForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    with torch.no_grad():
-        return model(input_ids).logits
 
 
 @pytest.mark.parametrize("granularity", ["elementwise", "headwise"])
