@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 pytestmark = pytest.mark.slow  # three processes import the model stack, then train a few runs
 
@@ -331,3 +332,32 @@ def test_stopping_while_a_worker_hands_back_a_result_ends(tmp_path):
     done = subprocess.run([sys.executable, "-c", STOP_EARLY], cwd=Path(__file__).parents[2],
                           capture_output=True, text=True, timeout=300, check=False)  # the timeout: against a hang
     assert done.returncode == 0 and done.stdout == "stopped\n", done.stderr[-2000:]
+
+
+def test_reproduce_in_worker_processes_gives_the_in_process_results(tmp_path, monkeypatch):
+    """The same results and saved models from worker processes as in-process, also under a TMPDIR long enough that
+    a Unix socket in it (how tensors pickled as they are cross between processes) would not fit."""
+    from safetensors.torch import load_file
+
+    from gated_qwen.analysis.miniature.presets import PLANS, Family, Plan, customised
+    from gated_qwen.analysis.miniature.runs import run_all
+
+    long_tmp = tmp_path / ("t" * (100 - len(str(tmp_path))))
+    long_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(long_tmp))
+    preset = customised(PLANS["smoke"].main, steps=3, seeds=(2,), high_lr_variants=("g1-headwise",))
+    plan = Plan((Family("main", preset, ("g1-headwise",)),))
+    inline = list(run_all(plan, models_dir=tmp_path / "inline", jobs=1, progress=False).values())
+    spawned = list(run_all(plan, models_dir=tmp_path / "spawned", jobs=2, progress=False).values())
+    for model in ("g1-headwise-lr0.01-seed2", "g1-headwise-lr0.04-seed2"):
+        a, b = (load_file(tmp_path / kind / model / "model.safetensors") for kind in ("inline", "spawned"))
+        assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-6) for k in a)
+    for a, b in zip(inline, spawned):
+        for name, maps in a["tensors"]["attention_maps"].items():
+            torch.testing.assert_close(b["tensors"]["attention_maps"][name], maps, rtol=1e-4, atol=1e-6)
+    assert [(r["variant"], r["learning_rate"], r["seed"]) for r in spawned] == [
+        (r["variant"], r["learning_rate"], r["seed"]) for r in inline] == [("g1-headwise", 1e-2, 2),
+                                                                          ("g1-headwise", 4e-2, 2)]
+    for a, b in zip(inline, spawned):
+        assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-5)
+        assert b["analysis"]["summary"]["gate_mean"] == pytest.approx(a["analysis"]["summary"]["gate_mean"], rel=1e-5)
