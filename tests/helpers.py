@@ -1,9 +1,9 @@
 """The tests' fixtures (importable as `helpers`: pyproject.toml puts tests/ on pytest's path, and a page's examples
-run with tests/ first on sys.path): the tiny model sizes, every gate variant (generated from the gate's registry),
-the weight randomiser, the spy on the fused kernel's launches, private namespaces, the checks of what a command writes
-(`tree`, `assert_nothing_written`) and of how it refuses (`assert_refused`, `refusal_line`), and the tiny folders
-(with a tokenizer) that the pages' hidden blocks and the engine tests build. Test files take a size from here and
-override only what their check is about."""
+run with tests/ first on sys.path): the tiny model sizes, every gate variant (generated from the gate's registry)
+and those an export writes, the weight randomiser, the spy on the fused kernel's launches, private namespaces, the
+checks of what a command writes (`tree`, `assert_nothing_written`) and of how it refuses (`assert_refused`,
+`refusal_line`), and the tiny folders (with a tokenizer) that the pages' hidden blocks and the engine tests build.
+Test files take a size from here and override only what their check is about."""
 
 import contextlib
 import dataclasses
@@ -72,6 +72,23 @@ def gate_variants() -> dict[str, dict]:
                  "G1-input-independent": dict(gate_input_dependent=False), "G1-bias": dict(gate_bias=True)}
     variants |= {f"control-{t}": dict(gate_position=None, sdpa_output_transform=t) for t in SDPA_OUTPUT_TRANSFORMS}
     return variants | {"baseline": dict(gate_position=None)}
+
+
+def written_gates(refusal) -> dict[str, dict]:
+    """The gate variants (`gate_variants`, by their names there) that an export writes: those whose TINY config
+    `refusal` (the export's own check of the gate, which raises `ConversionError`) lets through. A new gate of the
+    registry is run in each engine whose export writes it, and refused by the others' exports."""
+    from gated_qwen import GatedQwenConfig
+    from gated_qwen.conversion.errors import ConversionError
+
+    written = {}
+    for name, fields in gate_variants().items():
+        try:
+            refusal(GatedQwenConfig(**TINY, **fields))
+        except ConversionError:
+            continue
+        written[name] = fields
+    return written
 
 
 def randomize_(model: torch.nn.Module, seed: int = 0, scale: float = 0.08, norm_center: float = 1.0,

@@ -19,20 +19,16 @@ import pytest
 pytest.importorskip("llama_cpp", reason="needs llama-cpp-python and gguf: make test-llama (.venv-llama)")
 
 from gated_qwen.conversion import convert
+from gated_qwen.conversion.export_steps import check_qwen3_5_attention
 from tests.engine_llama.conftest import llama_cpp, llama_cpp_convert, run_gguf
-from tests.helpers import tiny_tokenizer
+from tests.helpers import tiny_tokenizer, written_gates
 from tests.local_models import MOE, NEW_TOKENS, PROMPTS, RTOL, SIZES, build, distance, parity_test
 
-# name -> config fields besides SIZES (a G1 sigmoid gate unless they say otherwise)
-CASES = {
-    "g1_elementwise": {},
-    "g1_headwise": dict(gate_granularity="headwise"),
-    "g1_head_shared": dict(gate_shared_across_heads=True),
+# name -> config fields besides SIZES: every gate `--to gguf` writes (the G1 sigmoid gates and none; it refuses the
+# others with check_qwen3_5_attention), then what else llama.cpp's architectures hold
+CASES = written_gates(check_qwen3_5_attention) | {
     "g1_gate_layers": dict(gate_layers=[1]),
-    "g1_input_independent": dict(gate_input_dependent=False),
-    "g1_bias": dict(gate_bias=True),
     "g1_head_dim_16_tied": dict(head_dim=16, tie_word_embeddings=True),  # RoPE sections of one pair each
-    "no_gate": dict(gate_position=None),
     "moe_g1": dict(MOE),
     "moe_g1_headwise": dict(MOE, gate_granularity="headwise"),
 }
@@ -50,7 +46,7 @@ cases, test_gguf_computes_transformers_logits_and_greedy_tokens = parity_test(
     "llama.cpp", "gguf", CASES, lambda gguf: llama_cpp("logits", gguf, json.dumps(PROMPTS), NEW_TOKENS))
 
 
-@pytest.mark.parametrize("name", ["g1_elementwise", "g1_headwise"])
+@pytest.mark.parametrize("name", ["G1-elementwise", "G1-headwise"])
 def test_q8_0_quantization_by_llama_cpp(cases, tmp_path, name):
     """llama.cpp's own quantizer (llama_model_quantize, as llama-quantize) makes Q8_0 of the GGUF; it runs within
     Q8_0_RTOL of Transformers in float32 (with llama.cpp's repacked CPU kernels off: docs/local.md)."""
@@ -121,7 +117,7 @@ def exported(tmp_path: Path, name: str) -> tuple[Path, str]:
     return folder, to
 
 
-@pytest.mark.parametrize("name", ["g1_elementwise", "moe_g1"])
+@pytest.mark.parametrize("name", ["G1-elementwise", "moe_g1"])
 def test_llama_cpp_converter_reads_every_exported_layer_as_full_attention(tmp_path, name):
     _, to = exported(tmp_path, name)
     llama_cpp_convert(tmp_path / to, tmp_path / "converted.gguf")
@@ -135,7 +131,7 @@ def test_llama_cpp_converter_reads_every_exported_layer_as_full_attention(tmp_pa
     assert [(i + 1) % interval != 0 for i in range(layers)] == [False] * layers
 
 
-@pytest.mark.parametrize("name", ["g1_headwise", "moe_g1"])
+@pytest.mark.parametrize("name", ["G1-headwise", "moe_g1"])
 def test_gguf_attention_layers_are_the_llama_cpp_converters(cases, tmp_path, name):
     """`--to gguf` writes the attention layers' tensors as llama.cpp's converter writes them from the
     `--to qwen3_5` / `--to qwen3_next` export (names, shapes, values; the norms through the export's zero-centred
@@ -162,7 +158,7 @@ class LlamaCppAborted(Exception):
     "graph, gets no buffer, and llm_graph_input_mem_hybrid::set_input aborts (GGML_ASSERT(buffer), "
     "ggml-backend.cpp): `--to gguf` adds a zero Gated DeltaNet layer for that. Passes when llama.cpp runs an "
     "all-attention GGUF; then drop the layer (gguf_format.py)."))
-@pytest.mark.parametrize("name", ["g1_elementwise", "moe_g1"])
+@pytest.mark.parametrize("name", ["G1-elementwise", "moe_g1"])
 def test_llama_cpp_runs_its_converters_all_attention_gguf(cases, tmp_path, name):
     _, to = exported(tmp_path, name)
     llama_cpp_convert(tmp_path / to, tmp_path / "converted.gguf")

@@ -21,7 +21,8 @@ mlx_lm = pytest.importorskip("mlx_lm", reason="needs mlx-lm: make test-mlx (.ven
 import mlx.core as mx  # noqa: E402
 
 from gated_qwen.conversion import convert  # noqa: E402
-from tests.helpers import text_file, tiny_tokenizer  # noqa: E402
+from gated_qwen.conversion.export_steps import check_qwen3_5_attention  # noqa: E402
+from tests.helpers import text_file, tiny_tokenizer, written_gates  # noqa: E402
 from tests.local_models import (  # noqa: E402
     MOE,
     NEW_TOKENS,
@@ -33,18 +34,13 @@ from tests.local_models import (  # noqa: E402
     windows,
 )
 
-# name -> config fields besides local_models.SIZES (a G1 sigmoid gate unless they say otherwise)
-CASES = {
-    "g1_elementwise": {},
-    "g1_headwise": dict(gate_granularity="headwise"),
-    "g1_head_shared": dict(gate_shared_across_heads=True),
+# name -> config fields besides local_models.SIZES: every gate `--to mlx` writes (the G1 sigmoid gates and none; it
+# refuses the others with check_qwen3_5_attention), then what else mlx-lm's architectures hold
+CASES = written_gates(check_qwen3_5_attention) | {
     "g1_gate_layers": dict(gate_layers=[1]),
-    "g1_input_independent": dict(gate_input_dependent=False),
-    "g1_bias": dict(gate_bias=True),
     "attention_bias": dict(attention_bias=True),  # Qwen3's q/k/v/o biases: mlx-lm's attention has all four
     "g1_head_dim_16_tied_yarn": dict(head_dim=16, tie_word_embeddings=True, rope_parameters={
         "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64}),
-    "no_gate": dict(gate_position=None),
     "moe_g1": dict(MOE),
     "moe_g1_headwise": dict(MOE, gate_granularity="headwise"),
     "moe_no_shared_expert": dict(MOE, shared_expert_intermediate_size=0, norm_topk_prob=False),  # Qwen3-MoE's kind
@@ -87,7 +83,7 @@ def test_the_folder_has_mlx_lms_architecture_and_layout(cases):
     from mlx_lm.models import qwen3_5, qwen3_next
     from mlx_lm.utils import load_model
 
-    for name, module, layer_type in [("g1_elementwise", qwen3_5, qwen3_5.DecoderLayer),
+    for name, module, layer_type in [("G1-elementwise", qwen3_5, qwen3_5.DecoderLayer),
                                      ("moe_g1", qwen3_next, qwen3_next.Qwen3NextDecoderLayer)]:
         model, config = load_model(cases[name]["converted"], trust_remote_code=True)
         assert type(model).__bases__ == (module.Model,) and config["full_attention_interval"] == 1
@@ -103,7 +99,7 @@ class MlxLmFailed(Exception):
     "layer is (ssm_idx = 0): with no linear layer, create_ssm_mask calls a KVCache's make_mask and the first "
     "generation step fails (TypeError in create_attention_mask). `--to mlx` ships a model file that sets the index "
     "to None; this passes the day mlx-lm generates without it (then drop the file: conversion/formats/mlx.py)."))
-@pytest.mark.parametrize("name", ["g1_elementwise", "moe_g1"])
+@pytest.mark.parametrize("name", ["G1-elementwise", "moe_g1"])
 def test_mlx_lm_generates_without_the_model_file(cases, tmp_path, name):
     import shutil
 

@@ -35,7 +35,7 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 from gated_qwen.conversion import convert  # noqa: E402
 from gated_qwen.conversion.formats import onnx as onnx_format  # noqa: E402
 from tests.engine_onnx.conftest import ort_greedy  # noqa: E402
-from tests.helpers import assert_refused, text_file, tiny_tokenizer  # noqa: E402
+from tests.helpers import assert_refused, gate_variants, text_file, tiny_tokenizer  # noqa: E402
 from tests.local_models import (  # noqa: E402
     MOE,
     NEW_TOKENS,
@@ -50,24 +50,21 @@ from tests.local_models import (  # noqa: E402
     windows,
 )
 
-# name -> config fields besides local_models.SIZES (a G1 sigmoid elementwise gate unless they say otherwise)
-CASES = {
-    "g1_elementwise": {},
-    "g1_headwise": dict(gate_granularity="headwise"),
-    "g1_head_shared": dict(gate_shared_across_heads=True),
-    "g1_input_independent": dict(gate_input_dependent=False),
-    "g1_bias_gate_layers": dict(gate_bias=True, gate_layers=[1]),
-    "g2_value_headwise": dict(gate_position="value", gate_granularity="headwise"),
-    "g3_key": dict(gate_position="key"),
-    "g4_query": dict(gate_position="query"),
-    "g5_dense": dict(gate_position="dense"),
-    "g1_additive_silu": dict(gate_combine="add", gate_activation="silu"),
-    "g1_ns_sigmoid": dict(gate_activation="ns_sigmoid"),
-    "rmsnorm_control": dict(gate_position=None, sdpa_output_transform="rmsnorm"),
+
+def seen(fields: dict) -> dict:
+    """`fields`, without the q/k norm where the gate is one score per head on the queries or the keys: the per-head
+    RMSNorm after it divides that score out (up to its eps), so the logits would not show the gate."""
+    divided_out = fields.get("gate_granularity") == "headwise" and fields.get("gate_position") in ("query", "key")
+    return dict(fields, use_qk_norm=False) if divided_out else fields
+
+
+# name -> config fields besides local_models.SIZES: every gate (`--to onnx` traces the model, and refuses none), then
+# what else the graph holds
+CASES = {name: seen(fields) for name, fields in gate_variants().items()} | {
+    "g1_gate_layers": dict(gate_layers=[1]),
     "attention_bias_yarn": dict(attention_bias=True, rope_parameters={
         "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64}),
     "linear_rope": dict(rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}),
-    "no_gate": dict(gate_position=None),
     "moe_g1": dict(MOE),
     "moe_g1_headwise_no_shared_expert": dict(MOE, gate_granularity="headwise", shared_expert_intermediate_size=0),
 }
@@ -99,7 +96,7 @@ cases, test_onnx_runtime_computes_transformers_logits_and_greedy_tokens = parity
 def test_a_left_padded_batch(cases):
     """Two prompts of different lengths in one call, the shorter padded on the left (attention mask 0, positions
     counted from its first real token): each real position's logits are Transformers' for that prompt alone."""
-    case = cases["g1_elementwise"]
+    case = cases["G1-elementwise"]
     short, long = PROMPTS[0], PROMPTS[2]
     pad = len(long) - len(short)
     mask = np.array([[0] * pad + [1] * len(short), [1] * len(long)])
@@ -209,8 +206,7 @@ def test_what_a_trace_cannot_keep_is_refused(tmp_path, capsys, case):
 
 
 # ORTModelForCausalLM takes the head size as hidden_size / num_attention_heads (run_optimum.py): models where it is.
-OPTIMUM_CASES = {"g1_elementwise": {}, "g1_headwise": dict(gate_granularity="headwise"),
-                 "no_gate": dict(gate_position=None), "moe_g1": dict(MOE)}
+OPTIMUM_CASES = {name: CASES[name] for name in ("G1-elementwise", "G1-headwise", "baseline", "moe_g1")}
 OPTIMUM_PYTHON = Path(os.environ.get("GATED_QWEN_OPTIMUM_PYTHON",
                                      Path(__file__).resolve().parents[2] / ".venv-optimum" / "bin" / "python"))
 
@@ -250,7 +246,7 @@ def check_javascript_run(case: dict, command: list[str], engine: str) -> None:
     assert ran["greedy"] == reference["greedy"]
 
 
-@pytest.mark.parametrize("name", ["g1_elementwise", "g1_headwise", "g2_value_headwise", "moe_g1"])
+@pytest.mark.parametrize("name", ["G1-elementwise", "G1-headwise", "G2-headwise", "moe_g1"])
 def test_transformers_js_runs_the_folder(cases, name):
     """Transformers.js in Node (onnxruntime-node, CPU), given the folder's config as a Qwen3's
     (js/run_transformers_js.mjs says why)."""
@@ -262,7 +258,7 @@ def test_transformers_js_runs_the_folder(cases, name):
 @pytest.mark.skipif(shutil.which("chromium") is None, reason=(
     "no chromium on PATH: Transformers.js in a browser runs where Debian's chromium is installed (apt-get install "
     "chromium); make test-onnx does not install it"))
-@pytest.mark.parametrize("name", ["g1_elementwise", "moe_g1"])
+@pytest.mark.parametrize("name", ["G1-elementwise", "moe_g1"])
 def test_transformers_js_runs_the_folder_in_a_browser(cases, name):
     """Transformers.js's web build in headless Chromium, on onnxruntime-web's WebAssembly backend, served on loopback
     (js/run_in_browser.py, js/page.html)."""

@@ -21,8 +21,9 @@ import torch
 from gated_qwen import GatedQwenConfig, GatedQwenForCausalLM, GatedQwenMoeConfig, GatedQwenMoeForCausalLM  # noqa: E402
 from gated_qwen.conversion import convert  # noqa: E402
 from tests.helpers import TINY_MOE, randomize_  # noqa: E402
-from tests.serving.cases import EXPORTS, MOE, NATIVE, NEW_TOKENS, PROMPTS, REFUSED, SERVING  # noqa: E402
+from tests.serving.cases import MOE, NEW_TOKENS, PROMPTS, REFUSED, SERVING  # noqa: E402
 from tests.serving.transformers_answers import greedy  # noqa: E402
+from tests.serving.variants import EXPORTS, NATIVE  # noqa: E402
 
 
 def build(name: str) -> torch.nn.Module:
@@ -104,8 +105,8 @@ def main(out: Path, cases: list[str]) -> None:
             stock = AutoModelForCausalLM.from_pretrained(out / name, dtype=torch.float32).eval()
         manifest[name] = {"folder": name, "kind": fmt, "source": source, "reference": greedy(stock), "control": None,
                           "moe": False}
-    if "g1_elementwise" in natives:
-        save_tokenizer(out / "g1_elementwise")
+    if "G1-elementwise" in natives:
+        save_tokenizer(out / "G1-elementwise")
     (out / "manifest.json").write_text(json.dumps({"prompts": PROMPTS, "new_tokens": NEW_TOKENS, "cases": manifest},
                                                   indent=1))
 

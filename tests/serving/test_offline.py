@@ -12,7 +12,8 @@ import json
 
 import pytest
 
-from tests.serving.cases import EXPORTS, MOE, NATIVE, SERVING
+from tests.serving.cases import MOE, SERVING
+from tests.serving.variants import EXPORTS, NATIVE, gate_positions
 from tests.serving.vllm_helpers import (
     CONTROL_MARGIN,
     LOGPROB_TOLERANCE,
@@ -45,10 +46,7 @@ def test_vllm_serves_as_transformers_computes(models, name):
     kind = "native_moe" if case["kind"] == "native" and case["moe"] else case["kind"]
     assert served == EXPECTED[kind]
     if case["kind"] == "native":
-        config = {**NATIVE, **MOE}[name]
-        gated_layers = config.get("gate_layers") or range(SERVING["num_hidden_layers"])
-        expected = [config["gate_position"]] * len(gated_layers) if config["gate_position"] else []
-        assert served_gates == expected
+        assert served_gates == gate_positions({**NATIVE, **MOE}[name])
     else:
         assert served_gates == []  # vLLM's own model: the gate is its q_proj's gate rows
         layers = SERVING["num_hidden_layers"]

@@ -7,7 +7,7 @@ from importlib.metadata import entry_points
 
 import pytest
 
-from tests.serving.cases import NATIVE, SERVING
+from tests.serving.variants import NATIVE, gate_positions
 from tests.serving.vllm_helpers import (
     CONTROL_MARGIN,
     LOGPROB_TOLERANCE,
@@ -39,9 +39,7 @@ def check(models, name, tensor_parallel=1):
         release(llm)
     assert served == ["GatedQwenForCausalLM"] * tensor_parallel
     assert modules == ["gated_qwen.integrations.vllm_model"] * tensor_parallel  # vLLM's layers, not the Transformers backend
-    config = NATIVE[name]
-    gated_layers = config.get("gate_layers") or range(SERVING["num_hidden_layers"])
-    assert served_gates == ([config["gate_position"]] * len(gated_layers) if config["gate_position"] else [])
+    assert served_gates == gate_positions(NATIVE[name])
     assert [a["tokens"] for a in answers] == [r["tokens"] for r in case["reference"]]
     assert max_logprob_difference(answers, case["reference"]) <= LOGPROB_TOLERANCE
     if case["control"] is not None:
@@ -53,7 +51,7 @@ def test_plugin_serves_as_transformers_computes(models, name):
     check(models, name)
 
 
-@pytest.mark.parametrize("name", ["g1_elementwise", "g1_input_independent", "g2_value"])
+@pytest.mark.parametrize("name", ["G1-elementwise", "G1-input-independent", "G2-elementwise"])
 def test_plugin_with_two_ranks(models, name, monkeypatch):
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
     check(models, name, tensor_parallel=2)

@@ -1,7 +1,7 @@
 """Why `gated-qwen convert` refuses two exports (tests/conversion/formats/qwen3_5/test_qwen3_5.py checks the refusals), seen in vLLM: written
 anyway, vLLM's Qwen3.5 model serves an export with an o_proj bias (`--allow-o-proj-bias`) far from what stock
 Transformers computes on the same folder (it drops the bias without a word), and vLLM's Qwen3-Next refuses a dense
-model. (The gate bias, written with `qkv_bias`, is served exactly: test_offline.py, `qwen3_5_g1_bias`.)"""
+model. (The gate bias, written with `qkv_bias`, is served exactly: test_offline.py, `qwen3_5-G1-bias`.)"""
 
 import pytest
 

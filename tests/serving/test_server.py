@@ -25,7 +25,7 @@ def free_port() -> int:
 
 @pytest.fixture
 def server(models, tmp_path):
-    folder = models["root"] / models["cases"]["g1_elementwise"]["folder"]
+    folder = models["root"] / models["cases"]["G1-elementwise"]["folder"]
     port = free_port()
     log = (tmp_path / "server.log").open("w")
     process = subprocess.Popen(
@@ -60,7 +60,7 @@ def test_openai_completions_answer_as_transformers(models, server):
     from openai import OpenAI
 
     client = OpenAI(base_url=server, api_key="unused", timeout=120, max_retries=0)
-    case = models["cases"]["g1_elementwise"]
+    case = models["cases"]["G1-elementwise"]
     answers = []
     for prompt in models["prompts"]:
         completion = client.completions.create(

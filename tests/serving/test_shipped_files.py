@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.serving.cases import MOE, NATIVE
+from tests.serving.cases import MOE
+from tests.serving.variants import NATIVE
 from tests.serving.vllm_helpers import LOGPROB_TOLERANCE, max_logprob_difference
 
 HERE = Path(__file__).resolve().parent

@@ -12,8 +12,8 @@ import pytest
 
 from tests.serving.vllm_helpers import LOGPROB_TOLERANCE, architecture, greedy, max_logprob_difference, release, serve
 
-CASES = {"g1_elementwise": "TransformersForCausalLM", "g1_head_shared": "TransformersForCausalLM",
-         "g3_key_headwise": "TransformersForCausalLM", "qwen3_5_g1_elementwise": "Qwen3_5ForCausalLM"}
+CASES = {"G1-elementwise": "TransformersForCausalLM", "G1-shared": "TransformersForCausalLM",
+         "G3-headwise": "TransformersForCausalLM", "qwen3_5-G1-elementwise": "Qwen3_5ForCausalLM"}
 
 
 @pytest.fixture(autouse=True)
@@ -36,7 +36,7 @@ def test_two_ranks_serve_as_one_process_computes(models, name):
 
 
 def test_input_independent_gate_is_refused_with_the_reason(models):
-    folder = models["root"] / models["cases"]["g1_input_independent"]["folder"]
+    folder = models["root"] / models["cases"]["G1-input-independent"]["folder"]
     with pytest.raises(Exception) as error:  # the worker's ValueError, re-raised by vLLM as its own error
         llm = serve(folder, impl="transformers", tensor_parallel=2)
         try:
