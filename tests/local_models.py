@@ -129,7 +129,6 @@ def parity_test(engine: str, to: str, cases: dict[str, dict], run: Callable[[Pat
     Transformers' (`distance`), the greedy tokens `expected_greedy(ran, transformers)` (Transformers' by default),
     and each gated model's logits, the engine's and Transformers' alike, farther than RTOL from the control's (the
     comparison sees the gate); then `also(case, ran)`, the engine's own further checks."""
-
     @pytest.fixture(scope="module", name="cases")
     def built(tmp_path_factory) -> dict:
         root = tmp_path_factory.mktemp(f"{to}-models")

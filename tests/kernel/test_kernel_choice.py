@@ -433,7 +433,6 @@ def test_trust_runs_the_kernel_unmeasured_and_off_never_slower_or_faster(monkeyp
 
 def test_each_length_bucket_and_pass_is_measured_once_kernel_faster_only_for_short(monkeypatch, measured, launches):
     """Lengths 20 and 30 share the bucket 32, 40 is in 64; a call with gradients is measured apart."""
-
     class ByLength(FakeTimer):
         def __call__(self, run, device, path):
             self.ms = {"kernel": 1.0, "sdpa": 2.0} if len(self.timed) < 2 else {"kernel": 2.0, "sdpa": 1.0}

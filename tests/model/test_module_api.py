@@ -124,7 +124,6 @@ def test_no_class_of_the_package_hides_a_method_of_its_library_base():
 
 def test_the_check_finds_a_shadowed_apply():
     """The check above on the mistake it is for (an `apply(position, y, logits)` as the gate once had)."""
-
     def apply(self, position, y, logits):
         return y
 

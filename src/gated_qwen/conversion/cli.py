@@ -11,7 +11,6 @@ from .formats import described, export_options, taking
 
 
 def run(args: argparse.Namespace) -> int:
-
     if args.clean is not None:
         given = [flag for flag, value in (("SRC", args.src), ("--from", args.from_format), ("--to", args.to_format))
                  if value is not None]

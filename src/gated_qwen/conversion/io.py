@@ -446,8 +446,6 @@ def shipped_code() -> frozenset[str]:
     """The code files a saved gated_qwen folder ships, which `save_pretrained` copies from this package (each
     modeling module and the files it imports relatively, all of `model/`): not someone else's code. The package's
     other modules (`model_card.py`, `cli.py`...) are not among them, so SRC's files of those names are SRC's own."""
-
-
     return frozenset(Path(file).name for module in (modeling_gated, modeling_gated_moe)
                      for file in [module.__file__, *get_relative_import_files(module.__file__)])
 

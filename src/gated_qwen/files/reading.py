@@ -131,7 +131,6 @@ def check_safetensors_files(folder: Path, what: str, error: type[Exception] = Va
     header cannot be read or lies about the data: truncated, a dtype or offsets that do not match the bytes. The files
     are those its index names (`model.safetensors.index.json`), or `model.safetensors`; `what` names the folder. The
     headers are read, not mapped (`safetensors_header`)."""
-
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         weight_map = read_json_object(index, f"{what}'s model.safetensors.index.json", error).get("weight_map")
@@ -189,8 +188,6 @@ def _base_config_fields() -> dict[str, tuple[object, str]]:
     """(type, its annotation as written) of every field that `PreTrainedConfig` itself declares: the strict dataclass
     checks the fields of its subclasses (Qwen3Config's sizes, use_cache, ...) but not these, which a model then reads
     as they come (`output_hidden_states: [null]` fails deep in a forward)."""
-
-
     namespace = {**vars(configuration_utils), "torch": torch}
     hints = typing.get_type_hints(PreTrainedConfig, globalns=namespace)
     fields = {field.name: (hints[field.name], str(field.type)) for field in dataclasses.fields(PreTrainedConfig)}
@@ -201,7 +198,6 @@ def config_from_dict(config_class, config_dict: dict, what: str, error: type[Exc
     """`config_class.from_dict(config_dict)` for a config.json a user gave; a value of the wrong type, for the fields
     every config has (by their annotations, with huggingface_hub's validator) or as the config class finds it,
     becomes `error`, one line naming `what` (e.g. "SRC's config.json")."""
-
     for name, (expected, written) in _base_config_fields().items():
         if name in config_dict:
             try:

@@ -104,8 +104,6 @@ def load_model(ckpt: Checkpoint):
 def _state_dict(ckpt: Checkpoint) -> dict[str, torch.Tensor]:
     """SRC's tensors in float32 under the model's in-memory names: one tensor per expert on disk (what
     `save_pretrained` writes) stacked into the experts' `gate_up_proj [E, 2I, H]` and `down_proj [E, H, I]`."""
-
-
     state, experts = {}, {}
     for name in ckpt.tensors:
         found = re.fullmatch(r"(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight", name)
@@ -127,7 +125,6 @@ def _state_dict(ckpt: Checkpoint) -> dict[str, torch.Tensor]:
 def _flat(model):
     """The model with Optimum's decoder signature: flat tensors in (ids, mask, positions, the past keys and values
     layer by layer), flat tensors out (logits, then the present keys and values)."""
-
     class Flat(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -149,7 +146,6 @@ def _flat(model):
 
 def _example(config) -> tuple:
     """Inputs to trace with: 2 sequences of 3 new tokens after 4 cached ones (every axis that varies above 1)."""
-
     batch, new, past = 2, 3, 4
     ids = torch.randint(0, config.vocab_size, (batch, new), generator=torch.Generator().manual_seed(0))
     cached = [torch.zeros(batch, config.num_key_value_heads, past, config.head_dim)
