@@ -10,8 +10,9 @@ The convention, per page (CONTRIBUTING.md, "Documentation"):
   `-->` prepares what the reader need not see (tiny folders under the names the text uses; the folder builders
   of tests/helpers.py, `from helpers import tiny_release_folder`), `<!-- doc-test: check` ... `-->` asserts what the
   text says the example does.
-- `<!-- doc-test: skip (reason) -->` on the line before a python or bash block: not run, and reported as a skipped
-  test with its reason (`pytest -ra`). Kept for what cannot run here: a GPU, the network, hours, installing.
+- `<!-- doc-test: skip (reason) -->` on the line before a python or bash block: not run here. Kept for what cannot
+  run in this environment: a GPU, the network, hours, installing, another environment's engine; the make targets
+  and test files the reason names must exist (`test_blocks_not_run_name_what_runs_them`).
 
 A failure names the page and the block's line; a traceback's lines are the page's own. One page by hand (in a new
 temporary folder, or in FOLDER): `.venv/bin/python -m tests.test_docs docs/conversion.md [FOLDER]`. With
@@ -156,6 +157,8 @@ def run_page(page: Path) -> None:
 if __name__ != "__main__":
     import pytest
 
+    from tests.test_pages import MAKEFILES, makefile_targets
+
     def _skipped_blocks() -> list:
         found = []
         for page in PAGES:
@@ -184,10 +187,21 @@ if __name__ != "__main__":
             pytest.fail(f"{result.stdout[-8000:]}\n{relative(page)}: an example failed (see the last lines above)",
                         pytrace=False)
 
-    @pytest.mark.parametrize("page, block", [pytest.param(p, b, id=f"{relative(p)}:{b.line}")
-                                             for p, b in _skipped_blocks()])
-    def test_block_not_run(page, block):
-        pytest.skip(f"{relative(page)}:{block.line} ({block.kind}) is not run: {block.skip}")
+    def test_blocks_not_run_name_what_runs_them():
+        """A block not run says why, and what its reason names exists: each `make TARGET` is a target of the
+        Makefiles, each tests/ file is there, and one said to run "this block" runs the page (DOC_TEST_UNSKIP)."""
+        targets = makefile_targets("\n".join(path.read_text() for path in MAKEFILES))
+        wrong = []
+        for page, block in _skipped_blocks():
+            where = f"{relative(page)}:{block.line}"
+            named = {a or b for a, b in re.findall(r"`make ([\w-]+)|\bmake ([a-z]+-[\w-]+)", block.skip)}
+            wrong += [f"{where}: make {target}" for target in sorted(named - targets)]
+            files = re.findall(r"tests/[\w/]+\.py", block.skip)
+            wrong += [f"{where}: {f}" for f in files if not (ROOT / f).is_file()]
+            if "runs this block" in block.skip and not any(
+                    "DOC_TEST_UNSKIP" in (ROOT / f).read_text() for f in files if (ROOT / f).is_file()):
+                wrong.append(f"{where}: no test file named that runs it")
+        assert not wrong, wrong
 
     @pytest.mark.parametrize("page", PAGES, ids=relative)
     def test_page_links_resolve(page):

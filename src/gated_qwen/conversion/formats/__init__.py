@@ -1,9 +1,10 @@
-"""The checkpoint formats GatedQwen reads and writes besides its own, in one registry: one line per format.
+"""The checkpoint formats GatedQwen reads and writes besides its own, in one registry: one entry per format.
 
-Each format is one `Format` object (`format_types.py`), defined in its own module here (`release.py`, `qwen3.py`,
-`qwen3_5.py`, `gguf.py`, `mlx.py`, `onnx.py`), which is all there is to know about it: its reading (detection, config
-translation, tensor rules), its writing (an export made of the steps of `export_steps.py`, and its options), and
-the models that read and check it. Every list of formats or options in a message or help text is made from this
+Each format is one `Format` object (`format_types.py`), defined in the module of its family here (`release.py`,
+`qwen3.py` with Qwen3-MoE, `qwen3_5.py` with Qwen3-Next, `gguf.py`, `mlx.py`, `onnx.py`, `megatron.py`,
+`olmo_core.py`), which is all there is to know about it: its reading (detection, config translation, tensor
+rules), its writing (an export made of the steps of `export_steps.py`, and its options), and the models that read
+and check it. Every list of formats or options in a message or help text is made from this
 registry. `GATED` is this package's own format, the other end of every conversion."""
 
 from __future__ import annotations
