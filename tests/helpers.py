@@ -1,9 +1,9 @@
-"""The tests' fixtures (importable as `helpers`: pyproject.toml puts tests/ on pytest's path, and a page's examples
-run with tests/ first on sys.path): the tiny model sizes, every gate variant (generated from the gate's registry)
-and those an export writes, the weight randomiser, the spy on the fused kernel's launches, private namespaces, the
-checks of what a command writes (`tree`, `assert_nothing_written`) and of how it refuses (`assert_refused`,
-`refusal_line`), and the tiny folders (with a tokenizer) that the pages' hidden blocks and the engine tests build.
-Test files take a size from here and override only what their check is about."""
+"""The tests' fixtures (`from tests.helpers import ...`, in the suite and in a page's examples): the tiny model
+sizes, every gate variant (generated from the gate's registry) and those an export writes, the weight randomiser,
+the spy on the fused kernel's launches, private namespaces, the checks of what a command writes (`tree`,
+`assert_nothing_written`) and of how it refuses (`assert_refused`, `refusal_line`), and the tiny folders (with a
+tokenizer) that the pages' hidden blocks and the engine tests build. Test files take a size from here and override
+only what their check is about."""
 
 import contextlib
 import dataclasses

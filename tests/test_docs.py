@@ -8,8 +8,8 @@ The convention, per page (CONTRIBUTING.md, "Documentation"):
   are not run; `py`, `sh`, `shell`, `console` are refused, so no example escapes by its spelling.
 - Hidden blocks run where they stand, in the page's interpreter: `<!-- doc-test: setup` NEWLINE python NEWLINE
   `-->` prepares what the reader need not see (tiny folders under the names the text uses; the folder builders
-  of tests/helpers.py, `from helpers import tiny_release_folder`), `<!-- doc-test: check` ... `-->` asserts what the
-  text says the example does.
+  of tests/helpers.py, `from tests.helpers import tiny_release_folder`), `<!-- doc-test: check` ... `-->` asserts
+  what the text says the example does.
 - `<!-- doc-test: skip (reason) -->` on the line before a python or bash block: not run here. Kept for what cannot
   run in this environment: a GPU, the network, hours, installing, another environment's engine; the make targets
   and test files the reason names must exist (`test_blocks_not_run_name_what_runs_them`).

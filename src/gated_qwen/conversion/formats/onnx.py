@@ -26,6 +26,7 @@ import shutil
 import warnings
 from pathlib import Path
 
+import numpy as np
 import torch
 from transformers.cache_utils import DynamicCache
 from transformers.initialization import no_init_weights
@@ -186,8 +187,7 @@ def _finish_graph(folder: Path, weights: int) -> None:
     the initializers in one `DATA_FILE` beside the graph, each at a page boundary (PyTorch's exporter writes a file
     per tensor when its own graph passes 2 GiB; Optimum and ONNX Runtime read one file). The exporter's files are
     read mapped and copied, never loaded: the weights are in memory once, in ONNX Runtime's check."""
-    import numpy as np
-    import onnx
+    import onnx  # the onnx extra (installed with onnxruntime)
     from onnx import external_data_helper, helper, numpy_helper
 
     graph = onnx.load(str(folder / MODEL_FILE), load_external_data=False)
@@ -252,8 +252,6 @@ def check_graph(folder: Path) -> None:
 
 
 def empty_past(config: dict, batch: int) -> dict:
-    import numpy as np
-
     shape = (batch, config["num_key_value_heads"], 0, config["head_dim"])
     return {name: np.zeros(shape, np.float32) for name in input_names(config["num_hidden_layers"])[3:]}
 
@@ -261,8 +259,6 @@ def empty_past(config: dict, batch: int) -> dict:
 def onnx_logits(folder: Path, input_ids: torch.Tensor) -> torch.Tensor:
     """`input_ids: [B, S]` -> float32 logits `[B, S, vocab]` computed by ONNX Runtime from the folder's graph (no
     past): the `--verify` of `--to onnx`."""
-    import numpy as np
-
     config = json.loads((Path(folder) / "config.json").read_text())
     batch, length = input_ids.shape
     feed = {"input_ids": input_ids.numpy().astype(np.int64), "attention_mask": np.ones((batch, length), np.int64),
