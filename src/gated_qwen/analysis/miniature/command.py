@@ -30,8 +30,6 @@ from .runs import held_out, unique_runs
 
 
 def run_reproduce(args) -> int:
-
-
     plan = reproduce_plan(args)
     out = dict(overwrite=args.overwrite, create_parents=True)
     check_output(args.out, **out)
@@ -82,7 +80,6 @@ def reproduce_plan(args):
     """The `presets.Plan` the flags ask for (refused with the reason when they name no preset, corpus or variant, or
     a width the heads do not divide): the size flags and `--variants` change the main models, `--seeds` every family's
     seeds, `--families` which families run."""
-
     if args.preset not in PLANS:
         raise ValueError(f"--preset {args.preset!r} is not a preset; choose one of {', '.join(PLANS)}.")
     if args.corpus and args.corpus not in CORPORA:
@@ -123,8 +120,6 @@ def check_reproduce(plan, args) -> int:
     """Everything a `reproduce` run could fail on after training started, checked before any worker starts: the
     seeds, each family's corpus at every length it is drawn at, the memory of the main models' runs at once and each
     variant's config. Returns the number of runs at once (`--jobs`, or one per CPU core)."""
-
-
     for family in plan.families:
         chosen = family.preset
         if HELDOUT_SEED in chosen.seeds:
@@ -150,8 +145,6 @@ def check_reproduce(plan, args) -> int:
 def _save_held_out(folder: Path, plan) -> None:
     """The held-out documents each family was measured on, as safetensors beside the report: heldout.safetensors
     for the main models, heldout_<family>.safetensors for each other family with its own model or corpus."""
-
-
     saved = set()
     for family in plan.families:
         preset = family.preset

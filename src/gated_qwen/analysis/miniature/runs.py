@@ -111,7 +111,6 @@ def train_and_measure(preset: Preset, variant: str, learning_rate: float, seed: 
 @contextmanager
 def _quiet_transformers() -> Iterator[None]:
     """Transformers' warnings and progress bars off (save_pretrained would draw one per model), restored after."""
-
     verbosity, bars = transformers.logging.get_verbosity(), transformers.utils.logging.is_progress_bar_enabled()
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
@@ -126,7 +125,6 @@ def _quiet_transformers() -> Iterator[None]:
 def _train(model, preset: Preset, learning_rate: float, seed: int, seq_len: int, steps: int) -> list[dict]:
     """`steps` steps of the `Trainer` on `preset.language` documents of `seq_len` tokens drawn with `seed` (AdamW,
     cosine schedule with warmup); returns the log entries of the steps (`loss`, `grad_norm`)."""
-
     train = preset.language.sample(steps * preset.batch_size, seq_len, seed=seed)
     with scratch_folder("trainer") as scratch:
         SCRATCH.add(scratch)
@@ -149,7 +147,6 @@ def _train(model, preset: Preset, learning_rate: float, seed: int, seq_len: int,
 
 def _train_and_measure_quietly(preset: Preset, variant: str, learning_rate: float,
                                seed: int) -> tuple[dict, torch.nn.Module]:
-
     started = time.perf_counter()
     heldout = held_out(preset, preset.seq_len)
     torch.manual_seed(seed)
@@ -213,7 +210,6 @@ def _train_in_worker(numbered: tuple[int, dict]) -> tuple[int, dict, object, byt
 
 def _tensors_from_worker(result: dict, config, tensors: bytes) -> tuple[dict, torch.nn.Module]:
     """The result and model of one run that `_train_in_worker` handed back."""
-
     packed = torch.load(io.BytesIO(tensors), weights_only=True)
     model = GatedQwenForCausalLM(config)
     model.load_state_dict(packed["state"])
@@ -255,7 +251,6 @@ def run_all(plan: Plan, models_dir: Path | None, jobs: int, progress: bool = Tru
     multiprocessing. The workers write nothing (they hand back results and models) and end with this process: on an
     error or Ctrl-C here they are terminated (they ignore Ctrl-C themselves, so they print nothing), and a worker
     whose parent was killed exits within 0.2 s."""
-
     planned = unique_runs(plan)
     runs = [dict(preset=preset, variant=variant, learning_rate=lr, seed=seed) for preset, variant, lr, seed in planned]
     save_to = [models_dir / f"{model_folder(plan, preset)}{run_name(variant, lr, seed)}" if models_dir else None
