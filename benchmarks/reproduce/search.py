@@ -39,6 +39,17 @@ as soon as it is decided (5 passes, or 2 failures); a later candidate runs only 
   (benchmarks/reproduce/power.py's rule: 80% power at Holm's level over 56 rows, chance k/6 to (k+1)/8); table 1 is
   testable in the confirmatory run only if each comparison's count fits its budget (about 2 hours of 2 cores with
   the other families: at ~15 CPU-seconds a model, at most about 40 seeds of five variants beside them).
+- deep-sink-1h: the sink in a deeper model with one attention head per layer (Bigram-Backcopy), so that no spare
+  head can hold a dormant sink. Check: a head of the baseline (any layer) with F-Attn above 0.5. Candidates,
+  cheapest first: H1 2 layers of one head of 64 (the main models' head) at 32 tokens, H2 4 layers at 32, H3 2 layers
+  at 64, H4 4 layers at 64. None passing: the family is not testable here.
+- recall-1tok: recall for the YaRN rows, by one layer (one head of 64), on KeyValueRecall (each fact one token,
+  8 keys x 8 values; chance 1/8), at 128 or 256 tokens, with room for the facts at 4x (R3: 2x). Check: the
+  baseline's recall at its training length above 0.9 (64 held-out documents). Candidates, cheapest first: R1 two
+  facts a document at 128 tokens, after a first stage at 32 tokens (one fact: found before it has a rival), 2000
+  steps each; R2 the same without the first stage, 3000 steps at 128; R3 four facts a document at 128 tokens,
+  3000 steps after 3000 at 32; R4 R2 at 6000 steps; R5 R2 with hidden 128 and one head of 128; R6 two facts at
+  256 tokens, 2000 steps after 3000 at 32. None passing: the YaRN rows are not testable here.
 """
 
 from __future__ import annotations
@@ -142,11 +153,42 @@ def _table1_spread():
     return [(name, preset, ("baseline", "g1-elementwise", "g1-headwise", "g2-value", "g5-dense"), rates, seeds)]
 
 
+def _deep_sink_one_head():
+    model = dict(num_attention_heads=1, num_key_value_heads=1, head_dim=64, **EXTRA)  # the main models' one head
+    return [(name, replace(MAIN, **model, num_hidden_layers=layers, seq_len=length), ("baseline",), (1e-2,), SIX)
+            for name, layers, length in (("H1 2 layers of one head of 64, 32 tokens", 2, 32),
+                                         ("H2 4 layers of one head, 32 tokens", 4, 32),
+                                         ("H3 2 layers of one head, 64 tokens", 2, 64),
+                                         ("H4 4 layers of one head, 64 tokens", 4, 64))]
+
+
+def _recall_one_layer():
+    model = dict(seq_len=128, steps=3000, extrapolation=(1,), extrapolation_documents=64,
+                 language=data.KeyValueRecall(keys=8, values=8, tokens_per_fact=64))  # 2 facts at 128 tokens, 8 at 4x
+    four = data.KeyValueRecall(keys=8, values=8, tokens_per_fact=32)  # 4 facts at 128 tokens, 8 at 2x
+    return [(name, replace(MAIN, **{**model, **extra}), ("baseline",), (1e-2,), SIX) for name, extra in (
+        ("R1 1 layer, 128 tokens, 8 keys x 8 values, 2 facts, 2000 steps at 32 tokens then 2000", dict(
+            steps=2000, short_stages=((32, 2000),))),
+        ("R2 1 layer, 128 tokens, 2 facts, 3000 steps", {}),
+        ("R3 1 layer, 128 tokens, 4 facts, 3000 steps at 32 tokens then 3000", dict(short_stages=((32, 3000),),
+                                                                                   language=four)),
+        ("R4 1 layer, 128 tokens, 2 facts, 6000 steps", dict(steps=6000)),
+        ("R5 1 layer of one head of 128 (hidden 128), 128 tokens, 2 facts, 3000 steps", dict(
+            hidden_size=128, head_dim=128, intermediate_size=384)),
+        ("R6 1 layer, 256 tokens, 2 facts, 3000 steps at 32 tokens then 2000", dict(
+            seq_len=256, steps=2000, short_stages=((32, 3000),),
+            language=data.KeyValueRecall(keys=8, values=8, tokens_per_fact=128))),
+    )]
+
+
 FAMILIES = {"table1": _table1, "deep-sink": _deep_sink, "mact": _mact, "stability": _stability, "long": _long,
-            "deep-sink-6": _deep_sink_six, "table1-learned": _table1_learned, "table1-spread": _table1_spread}
+            "deep-sink-6": _deep_sink_six, "table1-learned": _table1_learned, "table1-spread": _table1_spread,
+            "deep-sink-1h": _deep_sink_one_head, "recall-1tok": _recall_one_layer}
 # The checks of the six-seed searches, on one run's set-up numbers (`summary`).
 CHECKS = {"deep-sink-6": lambda row: row["f_attn_max_head"] > 0.5,
-          "table1-learned": lambda row: row["heldout_loss"] - row["floor"] < 0.1}
+          "table1-learned": lambda row: row["heldout_loss"] - row["floor"] < 0.1,
+          "deep-sink-1h": lambda row: row["f_attn_max_head"] > 0.5,
+          "recall-1tok": lambda row: row["recall"] > 0.9}
 
 
 def decision(rows: list[dict], check, seeds: tuple[int, ...]) -> str | None:
@@ -217,7 +259,7 @@ def run(families: list[str], out: Path, jobs: int, candidates: list[str] | None 
 
 
 def run_rule(family: str, out: Path, jobs: int, only: list[str] | None = None) -> None:
-    """Issue 47's searches: runs each undecided candidate's seeds in order, `jobs` at a time, until the rule has
+    """The six-seed searches: runs each undecided candidate's seeds in order, `jobs` at a time, until the rule has
     chosen a candidate or every candidate has failed. The runs in `out` count and are not repeated, also those that
     another search process appends meanwhile (`only`: the candidates this process runs, by their first word; the
     rule still reads every candidate's runs)."""

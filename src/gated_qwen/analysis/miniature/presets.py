@@ -13,7 +13,7 @@ A family is one set-up, chosen on its own tuning seeds (never evidence) for the 
 - "mact" and "six-layer": the 6-layer M-Act model (massive activations at the first token; the gate's scores),
   "deep" and "four-layer": the sink in a deeper model, judged per head; "long": recall after YaRN. The set-ups of
   mact and four-layer were chosen on seeds 2-3 only, so their rows are exploratory; no "deep" or "long" set-up
-  passed its search (benchmarks/RESULTS.md), so the confirmatory run declares both not testable here.
+  passed its searches (benchmarks/RESULTS.md), so the confirmatory run declares both not testable here.
 
 Runs that two families share (the same model, variant, learning rate and seed: the stability family reads the main
 models' runs at its first seeds) are trained once.
@@ -133,11 +133,11 @@ TABLE1_LEARNED = replace(TABLE1, language=TrigramLanguage(16, 4), tuning_seeds=t
 # Stability: the main models at both rates (the high rate chosen with them, on seeds 0-1), the baseline and G1
 # elementwise, on 30 seeds for a failure rate.
 STABILITY = replace(MAIN, high_lr_variants=PAIR)
-NO_LONG_CONTEXT = ("long", "its set-up search on the tuning seeds had found no baseline that recalls at its training "
-                   "length (256 tokens) when this run was declared (benchmarks/RESULTS.md)")
-NO_DEEP = ("deep", "no set-up tried has a baseline with a per-head sink on at least 5 of 6 tuning seeds (four "
-           "candidates, the four-layer set-up among them, with one on seeds 2-3 only: search.py deep-sink-6, "
-           "benchmarks/RESULTS.md)")
+NO_LONG_CONTEXT = ("long", "no set-up tried has a baseline that recalls at its training length (128 or 256 tokens) "
+                   "on at least 5 of 6 tuning seeds (search.py long and recall-1tok, benchmarks/RESULTS.md)")
+NO_DEEP = ("deep", "no set-up tried has a baseline with a per-head sink on at least 5 of 6 tuning seeds (eight "
+           "candidates of 4 heads or one head per layer, the four-layer set-up among them, with one on seeds 2-3 only: "
+           "search.py deep-sink-6 and deep-sink-1h, benchmarks/RESULTS.md)")
 _SMOKE = Preset(hidden_size=32, head_dim=32, intermediate_size=64, seq_len=24, batch_size=4, steps=6, seeds=(0,),
                 eval_documents=4, analysis_documents=2, extrapolation=(1, 2), extrapolation_documents=2)
 _SMOKE_DEEP = replace(_SMOKE, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
