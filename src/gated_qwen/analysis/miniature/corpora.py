@@ -297,7 +297,6 @@ class TrigramLanguage:
     def entropy_floor(self, length: int) -> float:
         """The corpus's mean next-token entropy (nats) over positions 1..length-1 of a document: the least held-out
         loss any model can reach."""
-
         return (math.log(self.vocab_size - 1) + (length - 2) * math.log(self.successors)) / (length - 1)
 
     def sample(self, num_documents: int, length: int, seed: int = 0) -> torch.Tensor:

@@ -179,7 +179,6 @@ PLANS: dict[str, Plan] = {
 
 def model_config(preset: Preset, variant: str):
     """The `GatedQwenConfig` of one variant at the preset's size (RoPE base `rope_theta`, context `seq_len`)."""
-
     return GatedQwenConfig(
         vocab_size=preset.language.vocab_size, hidden_size=preset.hidden_size,
         intermediate_size=preset.intermediate_size, num_hidden_layers=preset.num_hidden_layers,
