@@ -157,7 +157,7 @@ class LlamaCppAborted(Exception):
     "llama.cpp's Qwen3.5 / Qwen3-Next keep a hybrid memory; with no recurrent layer its copy index rs_s_copy is in no "
     "graph, gets no buffer, and llm_graph_input_mem_hybrid::set_input aborts (GGML_ASSERT(buffer), "
     "ggml-backend.cpp): `--to gguf` adds a zero Gated DeltaNet layer for that. Passes when llama.cpp runs an "
-    "all-attention GGUF; then drop the layer (gguf_format.py)."))
+    "all-attention GGUF; then drop the layer (conversion/formats/gguf.py)."))
 @pytest.mark.parametrize("name", ["G1-elementwise", "moe_g1"])
 def test_llama_cpp_runs_its_converters_all_attention_gguf(cases, tmp_path, name):
     _, to = exported(tmp_path, name)
