@@ -157,7 +157,7 @@ def run_page(page: Path) -> None:
 if __name__ != "__main__":
     import pytest
 
-    from tests.test_pages import MAKEFILES, makefile_targets
+    from tests.test_pages import makefile_targets, makefiles_text
 
     def _skipped_blocks() -> list:
         found = []
@@ -190,7 +190,7 @@ if __name__ != "__main__":
     def test_blocks_not_run_name_what_runs_them():
         """A block not run says why, and what its reason names exists: each `make TARGET` is a target of the
         Makefiles, each tests/ file is there, and one said to run "this block" runs the page (DOC_TEST_UNSKIP)."""
-        targets = makefile_targets("\n".join(path.read_text() for path in MAKEFILES))
+        targets = makefile_targets(makefiles_text())
         wrong = []
         for page, block in _skipped_blocks():
             where = f"{relative(page)}:{block.line}"

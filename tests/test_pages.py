@@ -36,8 +36,13 @@ def makefile_targets(text: str) -> set[str]:
     return targets
 
 
+def makefiles_text() -> str:
+    """The Makefile and the file it includes, as one text."""
+    return "\n".join(path.read_text() for path in MAKEFILES)
+
+
 def test_make_help_lists_every_target_once():
-    text = "\n".join(path.read_text() for path in MAKEFILES)
+    text = makefiles_text()
     listed = re.findall(r"^## ([\w-]+)\s+\S", text, flags=re.M)
     assert len(listed) == len(set(listed)), listed
     assert set(listed) == makefile_targets(text)

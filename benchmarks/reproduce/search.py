@@ -185,9 +185,12 @@ FAMILIES = {"table1": _table1, "deep-sink": _deep_sink, "mact": _mact, "stabilit
             "deep-sink-6": _deep_sink_six, "table1-learned": _table1_learned, "table1-spread": _table1_spread,
             "deep-sink-1h": _deep_sink_one_head, "recall-1tok": _recall_one_layer}
 # The checks of the six-seed searches, on one run's set-up numbers (`summary`).
-CHECKS = {"deep-sink-6": lambda row: row["f_attn_max_head"] > 0.5,
+def _head_sink(row: dict) -> bool:
+    return row["f_attn_max_head"] > 0.5
+
+
+CHECKS = {"deep-sink-6": _head_sink, "deep-sink-1h": _head_sink,
           "table1-learned": lambda row: row["heldout_loss"] - row["floor"] < 0.1,
-          "deep-sink-1h": lambda row: row["f_attn_max_head"] > 0.5,
           "recall-1tok": lambda row: row["recall"] > 0.9}
 
 
